@@ -1,0 +1,89 @@
+"""Load a document collection from a folder of .txt / .md files and JSONL records."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+TEXT_SUFFIXES = (".txt", ".md")
+JSONL_SUFFIXES = (".jsonl",)
+
+
+@dataclass(frozen=True)
+class Document:
+    """One source document; `doc_id` is stable across rebuilds of the index."""
+
+    doc_id: str
+    title: str
+    text: str
+
+
+class DocumentError(ValueError):
+    """A document file that cannot be read as the format its suffix promises."""
+
+
+def load_documents(root: Path) -> list[Document]:
+    """Read every supported file under `root` (recursively, sorted) into Documents.
+
+    `.txt`/`.md`: one document per file, id = path relative to root without suffix,
+    title = first Markdown heading or the file name. `.jsonl`: one record per line with
+    `id`, `text` and optional `title`. Raises DocumentError on malformed records or duplicate ids.
+    """
+    root = Path(root)
+    if not root.is_dir():
+        raise DocumentError(f"document folder not found: {root}")
+    documents: list[Document] = []
+    for path in sorted(p for p in root.rglob("*") if p.is_file()):
+        suffix = path.suffix.lower()
+        if suffix in TEXT_SUFFIXES:
+            documents.append(_read_text_file(root, path))
+        elif suffix in JSONL_SUFFIXES:
+            documents.extend(_read_jsonl_file(path))
+    _check_unique_ids(documents)
+    return documents
+
+
+def _read_text_file(root: Path, path: Path) -> Document:
+    text = path.read_text(encoding="utf-8")
+    doc_id = path.relative_to(root).with_suffix("").as_posix()
+    return Document(doc_id=doc_id, title=_title_of(text, fallback=path.stem), text=text.strip())
+
+
+def _title_of(text: str, fallback: str) -> str:
+    for line in text.splitlines():
+        stripped = line.strip()
+        if stripped.startswith("#"):
+            return stripped.lstrip("#").strip() or fallback
+        if stripped:
+            break
+    return fallback.replace("-", " ").replace("_", " ")
+
+
+def _read_jsonl_file(path: Path) -> list[Document]:
+    documents = []
+    with path.open(encoding="utf-8") as lines:
+        for line_number, line in enumerate(lines, start=1):
+            if not line.strip():
+                continue
+            where = f"{path}:{line_number}"
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise DocumentError(f"{where}: not valid JSON ({exc.msg})") from exc
+            if not isinstance(record, dict):
+                raise DocumentError(f"{where}: expected an object with id/title/text")
+            doc_id, text = record.get("id"), record.get("text")
+            if not isinstance(doc_id, str | int) or not isinstance(text, str) or not text.strip():
+                raise DocumentError(f"{where}: needs a string or integer 'id' and non-empty 'text'")
+            title = record.get("title") or str(doc_id)
+            documents.append(Document(doc_id=str(doc_id), title=str(title), text=text.strip()))
+    return documents
+
+
+def _check_unique_ids(documents: list[Document]) -> None:
+    seen: set[str] = set()
+    for document in documents:
+        if document.doc_id in seen:
+            raise DocumentError(f"duplicate document id: {document.doc_id!r}")
+        seen.add(document.doc_id)

@@ -1,0 +1,188 @@
+"""A FAISS vector index saved beside its chunk metadata and sentence embeddings.
+
+Vectors are unit-normalised, so inner product is cosine similarity. `flat` is exact search
+(right for small collections); `hnsw` and `ivf` are approximate, for large ones. On a machine
+where faiss sees a GPU, `flat` and `ivf` indexes are moved to it when asked.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+
+from retrieval.chunking import Chunk
+
+logger = logging.getLogger(__name__)
+
+IndexKind = Literal["flat", "hnsw", "ivf"]
+INDEX_FILE = "index.faiss"
+CHUNKS_FILE = "chunks.jsonl"
+SENTENCES_FILE = "sentence_embeddings.npy"
+MANIFEST_FILE = "manifest.json"
+FORMAT_VERSION = 1
+
+
+@dataclass(frozen=True)
+class IndexParams:
+    kind: IndexKind = "flat"
+    hnsw_m: int = 32
+    ivf_nlist: int = 1024
+
+
+@dataclass(frozen=True)
+class IndexedChunk:
+    """A chunk as stored in the index: its sentences' rows in the sentence-embedding matrix."""
+
+    chunk: Chunk
+    sentence_rows: tuple[int, ...]
+
+
+@dataclass
+class Manifest:
+    embedding_model: str
+    dimension: int
+    num_chunks: int
+    num_sentences: int
+    index: dict
+    chunking: dict
+    format_version: int = FORMAT_VERSION
+    extra: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class SearchHit:
+    position: int
+    score: float
+
+
+class FaissIndex:
+    """Chunk vectors in FAISS plus what is needed to build a prompt from a hit."""
+
+    def __init__(
+        self,
+        faiss_index,
+        chunks: Sequence[IndexedChunk],
+        sentence_embeddings: np.ndarray,
+        manifest: Manifest,
+    ) -> None:
+        self._index = faiss_index
+        self.chunks = list(chunks)
+        self.sentence_embeddings = sentence_embeddings
+        self.manifest = manifest
+
+    @classmethod
+    def build(
+        cls,
+        chunk_embeddings: np.ndarray,
+        chunks: Sequence[IndexedChunk],
+        sentence_embeddings: np.ndarray,
+        manifest: Manifest,
+        params: IndexParams,
+    ) -> FaissIndex:
+        """Create and fill the FAISS index for `chunk_embeddings` (one row per chunk)."""
+        if len(chunk_embeddings) != len(chunks):
+            raise ValueError("one embedding row per chunk is required")
+        faiss_index = _new_faiss_index(chunk_embeddings, params)
+        faiss_index.add(chunk_embeddings)
+        manifest.index = asdict(params)
+        return cls(faiss_index, chunks, sentence_embeddings, manifest)
+
+    def save(self, directory: Path) -> None:
+        """Write the index, chunks, sentence embeddings and manifest into `directory`."""
+        import faiss
+
+        directory.mkdir(parents=True, exist_ok=True)
+        faiss.write_index(_to_cpu(self._index), str(directory / INDEX_FILE))
+        with (directory / CHUNKS_FILE).open("w", encoding="utf-8") as out:
+            for item in self.chunks:
+                record = asdict(item.chunk) | {"sentence_rows": list(item.sentence_rows)}
+                out.write(json.dumps(record, ensure_ascii=False) + "\n")
+        np.save(directory / SENTENCES_FILE, self.sentence_embeddings)
+        (directory / MANIFEST_FILE).write_text(json.dumps(asdict(self.manifest), indent=2))
+
+    @classmethod
+    def load(cls, directory: Path, use_gpu: bool = False) -> FaissIndex:
+        """Read an index written by `save`; move it to the GPUs when asked and available."""
+        import faiss
+
+        directory = Path(directory)
+        if not (directory / MANIFEST_FILE).exists():
+            raise FileNotFoundError(
+                f"no index at {directory}: build one with `python -m retrieval.build`"
+            )
+        manifest = Manifest(**json.loads((directory / MANIFEST_FILE).read_text()))
+        if manifest.format_version != FORMAT_VERSION:
+            raise ValueError(f"index format {manifest.format_version} is not {FORMAT_VERSION}")
+        faiss_index = faiss.read_index(str(directory / INDEX_FILE))
+        if use_gpu:
+            faiss_index = _maybe_to_gpu(faiss_index, manifest.index.get("kind", "flat"))
+        chunks = [_read_chunk(line) for line in (directory / CHUNKS_FILE).open(encoding="utf-8")]
+        sentence_embeddings = np.load(directory / SENTENCES_FILE)
+        if len(chunks) != faiss_index.ntotal:
+            raise ValueError(f"{directory}: {len(chunks)} chunks but {faiss_index.ntotal} vectors")
+        return cls(faiss_index, chunks, sentence_embeddings, manifest)
+
+    def set_search_params(self, nprobe: int | None = None, ef_search: int | None = None) -> None:
+        """Tune recall against speed for the approximate kinds (ignored by `flat`)."""
+        if nprobe is not None and hasattr(self._index, "nprobe"):
+            self._index.nprobe = nprobe
+        if ef_search is not None and hasattr(self._index, "hnsw"):
+            self._index.hnsw.efSearch = ef_search
+
+    def search(self, queries: np.ndarray, top_k: int) -> list[list[SearchHit]]:
+        """Top-k chunks per query row, best first; fewer when the index holds fewer chunks."""
+        top_k = min(top_k, len(self.chunks))
+        scores, positions = self._index.search(np.ascontiguousarray(queries), top_k)
+        return [
+            [SearchHit(int(p), float(s)) for p, s in zip(row_p, row_s, strict=True) if p >= 0]
+            for row_p, row_s in zip(positions, scores, strict=True)
+        ]
+
+
+def _new_faiss_index(embeddings: np.ndarray, params: IndexParams):
+    import faiss
+
+    dimension = embeddings.shape[1]
+    if params.kind == "flat":
+        return faiss.IndexFlatIP(dimension)
+    if params.kind == "hnsw":
+        return faiss.IndexHNSWFlat(dimension, params.hnsw_m, faiss.METRIC_INNER_PRODUCT)
+    # IVF needs training data: cap the number of lists at what the collection supports.
+    nlist = max(1, min(params.ivf_nlist, len(embeddings) // 39))
+    quantizer = faiss.IndexFlatIP(dimension)
+    index = faiss.IndexIVFFlat(quantizer, dimension, nlist, faiss.METRIC_INNER_PRODUCT)
+    index.train(embeddings)
+    return index
+
+
+def _maybe_to_gpu(faiss_index, kind: str):
+    import faiss
+
+    if not hasattr(faiss, "get_num_gpus") or faiss.get_num_gpus() == 0:
+        logger.info("faiss sees no GPU; the index stays on the CPU")
+        return faiss_index
+    if kind == "hnsw":
+        logger.info("faiss has no GPU HNSW; the index stays on the CPU")
+        return faiss_index
+    return faiss.index_cpu_to_all_gpus(faiss_index)
+
+
+def _to_cpu(faiss_index):
+    import faiss
+
+    if hasattr(faiss, "index_gpu_to_cpu") and "Gpu" in type(faiss_index).__name__:
+        return faiss.index_gpu_to_cpu(faiss_index)
+    return faiss_index
+
+
+def _read_chunk(line: str) -> IndexedChunk:
+    record = json.loads(line)
+    rows = tuple(record.pop("sentence_rows"))
+    record["sentence_spans"] = tuple(tuple(span) for span in record["sentence_spans"])
+    return IndexedChunk(chunk=Chunk(**record), sentence_rows=rows)
