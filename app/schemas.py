@@ -1,0 +1,108 @@
+"""Request and response bodies of the HTTP API (no serving logic here)."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from retrieval.compression import CompressionMethod
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class CompressionOptions(_Strict):
+    method: CompressionMethod | None = Field(None, description="Overrides the default method.")
+    rate: float | None = Field(None, gt=0, le=1, description="Fraction of context tokens kept.")
+    target_tokens: int | None = Field(None, ge=1, description="Context tokens to keep.")
+
+    @model_validator(mode="after")
+    def _one_target(self) -> CompressionOptions:
+        if self.rate is not None and self.target_tokens is not None:
+            raise ValueError("give rate or target_tokens, not both")
+        return self
+
+
+class RagOptions(_Strict):
+    top_k: int | None = Field(None, ge=1, description="Chunks to retrieve.")
+    compression: CompressionOptions | None = None
+
+
+class RagQueryRequest(RagOptions):
+    question: str = Field(..., description="The question to answer from the collection.")
+    max_tokens: int | None = Field(None, ge=1, description="Longest answer, in tokens.")
+    temperature: float | None = Field(None, ge=0, le=2)
+    stream: bool = False
+
+
+class Source(BaseModel):
+    id: str
+    doc_id: str
+    title: str
+    score: float
+
+
+class RagUsage(BaseModel):
+    prompt_tokens: int
+    cached_prompt_tokens: int
+    context_tokens_before: int
+    context_tokens_after: int
+    completion_tokens: int
+
+
+class Timings(BaseModel):
+    retrieve: float
+    compress: float
+    ttft: float
+    total: float
+
+
+class RagQueryResponse(BaseModel):
+    id: str
+    answer: str
+    sources: list[Source]
+    compression_method: str
+    context_truncated: bool
+    finish_reason: str | None
+    usage: RagUsage
+    timings_ms: Timings
+    tpot_ms: float | None
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    role: Literal["system", "user", "assistant", "tool", "developer"]
+    content: str | list[dict[str, Any]] | None = None
+
+
+class StreamOptions(_Strict):
+    include_usage: bool = False
+
+
+class ChatCompletionRequest(_Strict):
+    """The OpenAI chat request, minus what a RAG answer cannot honour (n > 1, tools, ...)."""
+
+    model: str
+    messages: list[ChatMessage] = Field(..., min_length=1)
+    max_tokens: int | None = Field(None, ge=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
+    temperature: float | None = Field(None, ge=0, le=2)
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    n: int = Field(1, ge=1, le=1, description="Only one choice is generated.")
+    user: str | None = None
+    rag: RagOptions | None = Field(None, description="Retrieval and compression options.")
+
+
+class ModelCard(BaseModel):
+    id: str
+    object: Literal["model"] = "model"
+    created: int
+    owned_by: str = "rag-serve"
+
+
+class ModelList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[ModelCard]
