@@ -59,6 +59,9 @@ class PipelineMetrics:
                 usage.context_tokens_after / usage.context_tokens_before,
                 tags={"method": result.compression_method},
             )
-        self._prompt_tokens.inc(usage.prompt_tokens)
-        self._cached_tokens.inc(usage.cached_prompt_tokens)
+        # Ray counters reject increments of zero.
+        if usage.prompt_tokens:
+            self._prompt_tokens.inc(usage.prompt_tokens)
+        if usage.cached_prompt_tokens:
+            self._cached_tokens.inc(usage.cached_prompt_tokens)
         self._completed.inc()

@@ -13,10 +13,13 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from app.errors import ApiError, StageError
+from app.log import get_logger
 from app.schemas import RagUsage, Source, Timings
 from retrieval.compression import CompressionPlan
 from retrieval.context import Retrieval
 from retrieval.preparation import PreparedPrompt
+
+logger = get_logger(__name__)
 
 
 class Stages(Protocol):
@@ -133,7 +136,10 @@ class RagPipeline:
             _ms(query.received_at, first_token_at), _ms(query.received_at, finished_at),
         )  # fmt: skip
         if self._metrics is not None:
-            self._metrics.observe(result)
+            try:
+                self._metrics.observe(result)
+            except Exception:  # a metrics failure must never cost the user the answer
+                logger.exception("recording metrics failed (request %s)", query.request_id)
         yield DoneEvent(result)
 
 
