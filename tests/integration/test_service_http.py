@@ -1,0 +1,200 @@
+"""The real application over HTTP: Ray Serve, vLLM (CPU), FAISS, sentence-transformers,
+LLMLingua. One `serve run` for the whole module (see conftest.py)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+
+pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parents[2]
+QUESTION = "Why does vLLM cache only full KV blocks in its prefix cache?"
+
+
+@pytest.fixture(scope="module")
+def chunk_ids() -> set[str]:
+    lines = (ROOT / "indexes/default/chunks.jsonl").read_text().splitlines()
+    return {json.loads(line)["chunk_id"] for line in lines}
+
+
+@pytest.fixture(scope="module")
+def client(service):
+    with service.client() as http:
+        yield http
+
+
+def parse_sse(lines) -> list[tuple[str, object]]:
+    """(event name, decoded data) pairs; a bare `data: [DONE]` becomes ("[DONE]", None)."""
+    events: list[tuple[str, object]] = []
+    name = "message"
+    for line in lines:
+        if line.startswith("event: "):
+            name = line.removeprefix("event: ")
+        elif line == "data: [DONE]":
+            events.append(("[DONE]", None))
+        elif line.startswith("data: "):
+            events.append((name, json.loads(line.removeprefix("data: "))))
+            name = "message"
+    return events
+
+
+def ask(client: httpx.Client, **body) -> dict:
+    response = client.post("/v1/rag/query", json={"question": QUESTION, **body})
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+def assert_error(response: httpx.Response, status: int, param: str | None = None) -> dict:
+    assert response.status_code == status, response.text
+    error = response.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert "Traceback" not in error["message"]
+    if param is not None:
+        assert error["param"] == param
+    return error
+
+
+def test_health_and_readiness(service, client):
+    assert httpx.get(f"{service.base_url}/healthz").json() == {"status": "ok"}
+    ready = httpx.get(f"{service.base_url}/readyz").json()
+    assert ready == {
+        "ready": True,
+        "stages": {"retriever": "ready", "compressor": "ready", "generator": "ready"},
+    }
+
+
+def test_rag_query_answers_with_sources_usage_and_timings(client, chunk_ids):
+    body = ask(client, max_tokens=32)
+    assert body["answer"].strip()
+    assert body["sources"], "retrieval returned nothing"
+    assert {source["id"] for source in body["sources"]} <= chunk_ids
+    usage = body["usage"]
+    assert usage["completion_tokens"] >= 1
+    assert usage["prompt_tokens"] > usage["context_tokens_after"] > 0
+    timings = body["timings_ms"]
+    assert 0 < timings["retrieve"] < timings["ttft"] <= timings["total"]
+    assert body["compression_method"] == "sentences"
+
+
+def test_repeated_prompt_is_served_from_the_prefix_cache(client):
+    ask(client, max_tokens=8)
+    second = ask(client, max_tokens=8)
+    # At least the static system prompt (one full 128-token CPU block) is cached.
+    assert second["usage"]["cached_prompt_tokens"] >= 128
+
+
+def test_system_prompt_is_cached_across_different_questions(client):
+    ask(client, max_tokens=4)
+    other = client.post(
+        "/v1/rag/query", json={"question": "What does AWQ quantize?", "max_tokens": 4}
+    ).json()
+    assert other["usage"]["cached_prompt_tokens"] >= 128
+
+
+@pytest.mark.parametrize("method", ["sentences", "llmlingua"])
+def test_compression_shrinks_context_and_keeps_valid_source_ids(client, chunk_ids, method):
+    compressed = ask(client, top_k=2, max_tokens=8, compression={"method": method, "rate": 0.5})
+    uncompressed = ask(client, top_k=2, max_tokens=8, compression={"method": "none"})
+    before = compressed["usage"]["context_tokens_before"]
+    assert uncompressed["usage"]["context_tokens_after"] == before
+    assert 0 < compressed["usage"]["context_tokens_after"] < before
+    assert compressed["compression_method"] == method
+    assert compressed["timings_ms"]["compress"] > 0
+    assert {source["id"] for source in compressed["sources"]} <= chunk_ids
+    assert compressed["usage"]["prompt_tokens"] < uncompressed["usage"]["prompt_tokens"]
+
+
+def test_overflowing_context_is_cut_to_the_token_budget(client, service):
+    body = ask(client, top_k=20, max_tokens=256, compression={"method": "none"})
+    assert body["context_truncated"] is True
+    max_model_len = service.config["generator"]["max_model_len"]
+    assert body["usage"]["prompt_tokens"] + 256 <= max_model_len
+
+
+def test_rag_stream_sends_sources_then_deltas_then_done(client, chunk_ids):
+    with client.stream(
+        "POST", "/v1/rag/query", json={"question": QUESTION, "stream": True, "max_tokens": 16}
+    ) as response:
+        assert response.status_code == 200
+        assert response.headers["content-type"].startswith("text/event-stream")
+        events = parse_sse(response.iter_lines())
+    names = [name for name, _ in events]
+    assert names[0] == "sources"
+    assert names[-1] == "[DONE]" and names[-2] == "done"
+    assert "delta" in names
+    assert {s["id"] for s in events[0][1]["sources"]} <= chunk_ids
+    deltas = "".join(data["text"] for name, data in events if name == "delta")
+    done = events[-2][1]
+    assert deltas == done["answer"]
+    assert done["usage"]["completion_tokens"] >= 1
+
+
+def test_openai_client_non_streaming_and_streaming(service):
+    client = openai.OpenAI(base_url=f"{service.base_url}/v1", api_key=service.api_key)
+    model = service.config["generator"]["model_id"]
+    assert [m.id for m in client.models.list().data] == [model]
+
+    completion = client.chat.completions.create(
+        model=model, messages=[{"role": "user", "content": QUESTION}], max_tokens=16
+    )
+    assert completion.choices[0].message.content
+    assert completion.usage.prompt_tokens > 0
+    assert completion.model_extra["sources"]
+
+    stream = client.chat.completions.create(
+        model=model,
+        messages=[{"role": "user", "content": QUESTION}],
+        max_tokens=16,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    chunks = list(stream)
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text
+    assert chunks[0].model_extra["sources"]
+    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens >= 1
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        ({"question": ""}, "question"),
+        ({"question": "x" * 5000}, "question"),
+        ({"question": QUESTION, "top_k": 0}, "top_k"),
+        ({"question": QUESTION, "top_k": 500}, "top_k"),
+        ({"question": QUESTION, "color": "blue"}, "color"),
+        ({"question": QUESTION, "max_tokens": 100000}, "max_tokens"),
+        ({"question": QUESTION, "compression": {"method": "zip"}}, "compression.method"),
+    ],
+)
+def test_bad_input_gets_a_400_in_the_openai_error_shape(client, body, param):
+    assert_error(client.post("/v1/rag/query", json=body), 400, param)
+
+
+def test_malformed_json_is_a_400(client):
+    response = client.post(
+        "/v1/rag/query", content=b'{"question": ', headers={"content-type": "application/json"}
+    )
+    assert assert_error(response, 400)["code"] == "invalid_json"
+
+
+def test_unknown_model_is_a_404(client):
+    response = client.post(
+        "/v1/chat/completions",
+        json={"model": "gpt-4", "messages": [{"role": "user", "content": "hi"}]},
+    )
+    assert assert_error(response, 404, "model")["code"] == "model_not_found"
+
+
+def test_api_key_is_required(service):
+    response = httpx.post(f"{service.base_url}/v1/rag/query", json={"question": QUESTION})
+    assert assert_error(response, 401)["type"] == "authentication_error"
+    wrong = httpx.get(
+        f"{service.base_url}/v1/models", headers={"Authorization": "Bearer wrong-key"}
+    )
+    assert_error(wrong, 401)
