@@ -11,7 +11,7 @@ import hmac
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass
 
 from fastapi import Depends, FastAPI, Request
@@ -259,7 +259,7 @@ async def _stream(state: ApiState, query: RagQuery, renderer) -> StreamingRespon
 
 
 async def _chain(
-    head: list[PipelineEvent], rest: AsyncIterator[PipelineEvent], deadline: float
+    head: list[PipelineEvent], rest: AsyncGenerator[PipelineEvent, None], deadline: float
 ) -> AsyncIterator[PipelineEvent]:
     for event in head:
         yield event
@@ -272,7 +272,7 @@ async def _chain(
             ApiError(504, "the request ran past its deadline", "timeout", code="timeout")
         )
     finally:
-        await rest.aclose()  # type: ignore[attr-defined]
+        await rest.aclose()
 
 
 async def _guarded(chunks: AsyncIterator[str], query: RagQuery) -> AsyncIterator[str]:

@@ -8,7 +8,7 @@ failures after it arrive as an `ErrorEvent` in the stream.
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -93,7 +93,7 @@ class RagPipeline:
         self._stages = stages
         self._metrics = metrics
 
-    async def run(self, query: RagQuery) -> AsyncIterator[PipelineEvent]:
+    async def run(self, query: RagQuery) -> AsyncGenerator[PipelineEvent, None]:
         """Yield SourcesEvent, TokenEvents, then DoneEvent (or ErrorEvent mid-stream)."""
         retrieval = _unwrap(await self._stages.retrieve(query.question, query.top_k))
         retrieved_at = time.perf_counter()
