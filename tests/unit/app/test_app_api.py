@@ -1,0 +1,465 @@
+"""app.api over HTTP: health, readiness, /v1/rag/query, validation, error mapping, auth.
+
+The stages are fakes (tests/unit/app/conftest.py): these tests are about the HTTP layer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+from fastapi.testclient import TestClient
+
+from app.api import create_api
+from app.config import IngressConfig, RagAppConfig
+from app.errors import StageError
+from app.settings import Settings
+from retrieval.compression import CompressionPlan
+
+ANSWER = "Paged attention stores KV in blocks [kv#0]."
+QUERY = "/v1/rag/query"
+
+
+def sse(body: str) -> list[tuple[str | None, str]]:
+    """(event name or None, data) for each server-sent event."""
+    events = []
+    for block in filter(str.strip, body.split("\n\n")):
+        lines = block.split("\n")
+        name = next((ln.removeprefix("event: ") for ln in lines if ln.startswith("event: ")), None)
+        data = "\n".join(ln.removeprefix("data: ") for ln in lines if ln.startswith("data: "))
+        events.append((name, data))
+    return events
+
+
+def error_of(response, status: int, type_: str, param=None, code=None) -> str:
+    """Assert the OpenAI error shape and return its message."""
+    assert response.status_code == status, response.text
+    assert response.headers["content-type"] == "application/json"
+    body = response.json()
+    assert set(body) == {"error"}
+    assert body["error"] == {
+        "message": body["error"]["message"],
+        "type": type_,
+        "param": param,
+        "code": code,
+    }
+    assert "Traceback" not in response.text
+    return body["error"]["message"]
+
+
+async def never_answers() -> object:
+    await asyncio.sleep(30)
+    return None
+
+
+async def fails() -> object:
+    raise ConnectionError("replica died")
+
+
+# --- health and readiness -----------------------------------------------------------------
+
+
+def test_healthz_is_ok(client):
+    response = client.get("/healthz")
+
+    assert (response.status_code, response.json()) == (200, {"status": "ok"})
+
+
+def test_readyz_is_200_when_every_stage_answers(client):
+    response = client.get("/readyz")
+
+    assert response.status_code == 200
+    assert response.json() == {
+        "ready": True,
+        "stages": {"retriever": "ready", "compressor": "ready", "generator": "ready"},
+    }
+
+
+@pytest.mark.parametrize(("probe", "status"), [(never_answers, "starting"), (fails, "unavailable")])
+def test_readyz_is_503_when_a_stage_times_out_or_fails(client_for, probe, status):
+    async def ok() -> object:
+        return True
+
+    client = client_for(probes={"retriever": ok, "generator": probe}, readiness_timeout_s=0.1)
+
+    response = client.get("/readyz")
+
+    assert response.status_code == 503
+    assert response.json() == {
+        "ready": False,
+        "stages": {"retriever": "ready", "generator": status},
+    }
+
+
+def test_v1_routes_are_refused_until_the_stages_are_ready(client_for, stages):
+    client = client_for(stages=stages, probes={"generator": fails})
+
+    response = client.post(QUERY, json={"question": "Why?"})
+
+    assert "not ready" in error_of(response, 503, "service_unavailable", code="not_ready")
+    assert stages.calls == []
+
+
+def test_app_without_state_is_alive_but_not_ready():
+    client = TestClient(create_api(None))
+
+    assert client.get("/healthz").status_code == 200
+    assert client.get("/readyz").status_code == 503
+    for response in (
+        client.get("/v1/models"),
+        client.post(QUERY, json={"question": "Why?"}),
+        client.post("/v1/chat/completions", json={"model": "m", "messages": []}),
+    ):
+        error_of(response, 503, "service_unavailable", code="not_ready")
+
+
+# --- /v1/rag/query ----------------------------------------------------------------------
+
+
+def test_query_returns_answer_sources_usage_and_timings(client, stages):
+    response = client.post(QUERY, json={"question": "  How is KV stored?  "})
+
+    assert response.status_code == 200
+    body = response.json()
+    assert body["answer"] == ANSWER
+    assert body["id"] == response.headers["x-request-id"]
+    assert body["sources"] == [
+        {"id": "kv#0", "doc_id": "kv", "title": "KV cache", "score": 0.9123},
+        {"id": "batching#2", "doc_id": "batching", "title": "Batching", "score": 0.5},
+    ]
+    assert body["usage"] == {
+        "prompt_tokens": 321,
+        "cached_prompt_tokens": 256,
+        "context_tokens_before": 40,
+        "context_tokens_after": 22,
+        "completion_tokens": 3,
+    }
+    assert (body["compression_method"], body["context_truncated"]) == ("sentences", False)
+    assert body["finish_reason"] == "stop"
+    timings = body["timings_ms"]
+    assert set(timings) == {"retrieve", "compress", "ttft", "total"}
+    assert 0 <= timings["ttft"] <= timings["total"]
+    # Two 10 ms pauses come after the first token: TPOT = (total - ttft) / (3 - 1).
+    assert body["tpot_ms"] >= 9
+    assert body["tpot_ms"] == pytest.approx((timings["total"] - timings["ttft"]) / 2, abs=0.02)
+    # The question reaches the stages stripped, with the configured defaults.
+    assert stages.called("retrieve") == [("How is KV stored?", 5)]
+    [(question, plan, max_tokens)] = stages.called("prepare")
+    assert (question, plan, max_tokens) == ("How is KV stored?", CompressionPlan("sentences"), 128)
+    [(messages, max_tokens, temperature)] = stages.called("generate")
+    assert messages[0] == {"role": "system", "content": "system"}
+    assert (max_tokens, temperature) == (128, 0.0)
+
+
+@pytest.mark.parametrize(
+    ("options", "plan"),
+    [
+        (
+            {"compression": {"method": "none", "target_tokens": 50}},
+            CompressionPlan("none", 0.5, 50),
+        ),
+        ({"compression": {"rate": 0.3}}, CompressionPlan("sentences", 0.3, None)),
+        ({"compression": {"method": "llmlingua"}}, CompressionPlan("llmlingua", 0.5, None)),
+    ],
+)
+def test_request_options_reach_the_stages(client, stages, options, plan):
+    body = {"question": "Q?", "top_k": 3, "max_tokens": 64, "temperature": 0.7, **options}
+
+    assert client.post(QUERY, json=body).status_code == 200
+
+    assert stages.called("retrieve") == [("Q?", 3)]
+    assert stages.called("prepare")[0][1:] == (plan, 64)
+    assert stages.called("generate")[0][1:] == (64, 0.7)
+
+
+def test_incoming_request_id_is_kept(client):
+    response = client.post(QUERY, json={"question": "Q?"}, headers={"x-request-id": "req-42"})
+
+    assert response.json()["id"] == "req-42"
+    assert response.headers["x-request-id"] == "req-42"
+
+
+def test_stream_sends_sources_then_deltas_then_done_then_DONE(client):
+    response = client.post(QUERY, json={"question": "Q?", "stream": True})
+
+    assert response.status_code == 200
+    assert response.headers["content-type"].startswith("text/event-stream")
+    events = sse(response.text)
+    names = [name for name, _ in events]
+    assert names == ["sources", "delta", "delta", "delta", "done", None]
+    sources = json.loads(events[0][1])
+    assert [s["id"] for s in sources["sources"]] == ["kv#0", "batching#2"]
+    assert sources["compression_method"] == "sentences"
+    assert (sources["context_tokens_before"], sources["context_tokens_after"]) == (40, 22)
+    assert sources["id"] == response.headers["x-request-id"]
+    assert "".join(json.loads(data)["text"] for name, data in events if name == "delta") == ANSWER
+    done = json.loads(events[4][1])
+    assert done["answer"] == ANSWER
+    assert done["usage"]["cached_prompt_tokens"] == 256
+    assert done["tpot_ms"] is not None
+    assert events[-1] == (None, "[DONE]")
+
+
+# --- request validation -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("body", "param", "code"),
+    [
+        ({"question": ""}, "question", None),
+        ({"question": "   "}, "question", None),
+        ({"question": "x" * 2001}, "question", None),
+        ({}, "question", None),
+        ({"question": "Q?", "top_k": 21}, "top_k", None),
+        ({"question": "Q?", "top_k": 0}, "top_k", None),
+        ({"question": "Q?", "max_tokens": 513}, "max_tokens", None),
+        ({"question": "Q?", "temperature": 3}, "temperature", None),
+        ({"question": "Q?", "foo": 1}, "foo", "unknown_field"),
+        ({"question": "Q?", "compression": {"bogus": 1}}, "compression.bogus", "unknown_field"),
+        ({"question": "Q?", "compression": {"method": "zip"}}, "compression.method", None),
+        (
+            {"question": "Q?", "compression": {"rate": 0.5, "target_tokens": 10}},
+            "compression",
+            None,
+        ),
+    ],
+)
+def test_invalid_requests_are_400_in_the_openai_shape(client, stages, body, param, code):
+    response = client.post(QUERY, json=body)
+
+    message = error_of(response, 400, "invalid_request_error", param=param, code=code)
+    assert stages.calls == []
+    if code == "unknown_field":
+        assert param in message
+
+
+def test_both_rate_and_target_tokens_message_says_why(client):
+    response = client.post(
+        QUERY, json={"question": "Q?", "compression": {"rate": 0.5, "target_tokens": 10}}
+    )
+
+    assert "not both" in response.json()["error"]["message"]
+
+
+def test_question_of_exactly_the_limit_is_accepted(client):
+    assert client.post(QUERY, json={"question": "x" * 2000}).status_code == 200
+
+
+def test_malformed_json_is_400(client):
+    response = client.post(
+        QUERY, content=b'{"question": "Q?",', headers={"content-type": "application/json"}
+    )
+
+    error_of(response, 400, "invalid_request_error", code="invalid_json")
+
+
+def test_unknown_route_is_404_in_the_error_shape(client):
+    error_of(client.get("/v1/nothing"), 404, "not_found_error")
+
+
+# --- stage failures -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        StageError(400, "top_k must be 1..20", param="top_k"),
+        StageError(503, "index is reloading", "service_unavailable", code="reloading"),
+        StageError(429, "slow down", "rate_limit_error", code="rate_limited"),
+    ],
+)
+def test_stage_error_from_the_retriever_maps_to_its_status(client, stages, error):
+    stages.retrieve_result = error
+
+    response = client.post(QUERY, json={"question": "Q?"}, headers={"x-request-id": "r-1"})
+
+    message = error_of(response, error.status, error.type, error.param, error.code)
+    assert message == f"{error.message} (request r-1)"
+    assert stages.called("generate") == []
+
+
+def test_stage_error_from_the_compressor_maps_to_its_status(client, stages):
+    stages.prepare_result = StageError(
+        400, "the prompt is too long", param="question", code="context_length_exceeded"
+    )
+
+    response = client.post(QUERY, json={"question": "Q?", "stream": True})
+
+    error_of(response, 400, "invalid_request_error", "question", "context_length_exceeded")
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_generation_refused_before_the_first_token_is_a_json_error(client, stages, stream):
+    stages.events = (
+        {"type": "error", "status": 400, "message": "prompt too long", "error_type": "BadRequest"},
+    )
+
+    response = client.post(QUERY, json={"question": "Q?", "stream": stream})
+
+    assert error_of(response, 400, "BadRequest").startswith("prompt too long")
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_generator_crash_before_the_first_token_is_502(client, stages, stream):
+    stages.events = ({"type": "error", "status": 500, "message": "CUDA error: secret detail"},)
+
+    response = client.post(QUERY, json={"question": "Q?", "stream": stream})
+
+    message = error_of(response, 502, "server_error", code="generation_failed")
+    assert "secret detail" not in message
+
+
+def test_generation_error_after_the_first_token_ends_the_stream_with_an_error_event(client, stages):
+    stages.events = (
+        {"type": "token", "text": "Partial"},
+        {"type": "error", "status": 500, "message": "engine died"},
+    )
+
+    response = client.post(QUERY, json={"question": "Q?", "stream": True})
+
+    assert response.status_code == 200
+    events = sse(response.text)
+    assert [name for name, _ in events] == ["sources", "delta", "error", None]
+    assert json.loads(events[2][1])["error"]["code"] == "generation_failed"
+    assert events[-1] == (None, "[DONE]")
+
+
+def test_generation_error_after_the_first_token_without_stream_is_a_json_error(client, stages):
+    stages.events = (
+        {"type": "token", "text": "Partial"},
+        {"type": "error", "status": 500, "message": "engine died"},
+    )
+
+    response = client.post(QUERY, json={"question": "Q?"})
+
+    error_of(response, 502, "server_error", code="generation_failed")
+
+
+@pytest.mark.parametrize("stage", ["retrieve", "prepare", "generate"])
+@pytest.mark.parametrize("stream", [False, True])
+def test_unexpected_exception_is_500_without_a_traceback(client, stages, stage, stream):
+    boom = RuntimeError("secret internal detail")
+    if stage == "retrieve":
+        stages.retrieve_result = boom
+    elif stage == "prepare":
+        stages.prepare_result = boom
+    else:
+        stages.events = (boom,)
+
+    response = client.post(
+        QUERY, json={"question": "Q?", "stream": stream}, headers={"x-request-id": "req-500"}
+    )
+
+    message = error_of(response, 500, "server_error", code="internal_error")
+    assert message == "internal error (request req-500)"
+    assert response.headers["x-request-id"] == "req-500"
+    assert "secret internal detail" not in response.text
+    assert "RuntimeError" not in response.text
+
+
+def test_exception_after_the_first_token_becomes_a_final_error_event(client, stages):
+    stages.events = ({"type": "token", "text": "Partial"}, RuntimeError("secret internal detail"))
+
+    response = client.post(
+        QUERY, json={"question": "Q?", "stream": True}, headers={"x-request-id": "req-s"}
+    )
+
+    assert response.status_code == 200
+    events = sse(response.text)
+    assert [name for name, _ in events] == ["sources", "delta", "error", None]
+    assert json.loads(events[2][1]) == {
+        "error": {
+            "message": "internal error (request req-s)",
+            "type": "server_error",
+            "param": None,
+            "code": "internal_error",
+        }
+    }
+    assert "secret internal detail" not in response.text and "Traceback" not in response.text
+
+
+def test_request_past_its_deadline_is_504(client_for, stages):
+    stages.events = (5.0, {"type": "token", "text": "late"})
+    client = client_for(
+        stages=stages, config=RagAppConfig(ingress=IngressConfig(request_timeout_s=0.2))
+    )
+
+    response = client.post(QUERY, json={"question": "Q?"})
+
+    error_of(response, 504, "timeout", code="timeout")
+
+
+def test_stream_past_its_deadline_ends_with_a_timeout_event(client_for, stages):
+    stages.events = ({"type": "token", "text": "early"}, 5.0, {"type": "token", "text": "late"})
+    client = client_for(
+        stages=stages, config=RagAppConfig(ingress=IngressConfig(request_timeout_s=0.3))
+    )
+
+    response = client.post(QUERY, json={"question": "Q?", "stream": True})
+
+    events = sse(response.text)
+    assert [name for name, _ in events] == ["sources", "delta", "error", None]
+    assert json.loads(events[2][1])["error"]["code"] == "timeout"
+
+
+# --- auth and models ----------------------------------------------------------------------
+
+KEY = "k" * 24
+
+
+@pytest.fixture
+def secured(client_for, stages) -> TestClient:
+    return client_for(stages=stages, settings=Settings(environment="production", api_keys=(KEY,)))
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [{}, {"Authorization": "Bearer wrong-key-of-some-length"}, {"Authorization": f"Basic {KEY}"}],
+)
+def test_missing_or_wrong_key_is_401(secured, stages, headers):
+    response = secured.post(QUERY, json={"question": "Q?"}, headers=headers)
+
+    error_of(response, 401, "authentication_error", code="invalid_api_key")
+    assert response.headers["www-authenticate"] == "Bearer"
+    assert stages.calls == []
+
+
+def test_key_is_checked_before_the_body_is_validated(secured, stages):
+    response = secured.post(QUERY, json={"foo": 1})
+
+    error_of(response, 401, "authentication_error", code="invalid_api_key")
+    assert stages.calls == []
+
+
+def test_right_key_is_accepted_and_health_stays_open(secured):
+    auth = {"Authorization": f"Bearer {KEY}"}
+
+    assert secured.post(QUERY, json={"question": "Q?"}, headers=auth).status_code == 200
+    assert secured.get("/v1/models", headers=auth).status_code == 200
+    assert secured.get("/v1/models").status_code == 401
+    assert secured.get("/healthz").status_code == 200
+    assert secured.get("/readyz").status_code == 200
+
+
+def test_models_lists_the_served_model(client):
+    response = client.get("/v1/models")
+
+    assert response.json() == {
+        "object": "list",
+        "data": [
+            {
+                "id": "smollm2-135m-instruct",
+                "object": "model",
+                "created": 1_700_000_000,
+                "owned_by": "rag-serve",
+            }
+        ],
+    }
+
+
+def test_openapi_document_declares_the_error_responses(client):
+    paths = client.get("/openapi.json").json()["paths"]
+
+    assert {"200", "400", "401", "503", "504"} <= set(paths[QUERY]["post"]["responses"])
+    assert "503" in paths["/readyz"]["get"]["responses"]

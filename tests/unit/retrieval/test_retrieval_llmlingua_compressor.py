@@ -1,0 +1,45 @@
+"""retrieval.llmlingua_compressor: how one chunk is handed to LLMLingua's PromptCompressor.
+
+The PromptCompressor is a recording fake: these tests are about the arguments the adapter
+passes; LLMLingua itself runs in the integration tests.
+"""
+
+from __future__ import annotations
+
+from retrieval.llmlingua_compressor import LLMLinguaCompressor
+
+
+class RecordingPromptCompressor:
+    def __init__(self) -> None:
+        self.calls: list[tuple[list[str], dict]] = []
+
+    def compress_prompt(self, context: list[str], **kwargs) -> dict:
+        self.calls.append((context, kwargs))
+        return {"compressed_prompt": "short", "origin_tokens": 10}
+
+
+def test_longllmlingua_is_question_aware_and_keeps_the_question_out_of_the_output():
+    backend = RecordingPromptCompressor()
+    compressor = LLMLinguaCompressor(backend, use_llmlingua2=False, rank_method="longllmlingua")
+
+    assert compressor.compress_chunk("What is KV?", "Long text here.", 0.4) == "short"
+
+    [(context, kwargs)] = backend.calls
+    assert context == ["Long text here."]
+    assert kwargs["question"] == "What is KV?"
+    assert kwargs["rate"] == 0.4
+    assert kwargs["rank_method"] == "longllmlingua"
+    assert kwargs["concate_question"] is False
+
+
+def test_llmlingua2_is_question_agnostic_and_keeps_punctuation():
+    backend = RecordingPromptCompressor()
+    compressor = LLMLinguaCompressor(backend, use_llmlingua2=True, rank_method="longllmlingua")
+
+    compressor.compress_chunk("What is KV?", "Long text here.", 0.5)
+
+    [(context, kwargs)] = backend.calls
+    assert context == ["Long text here."]
+    assert "question" not in kwargs
+    assert kwargs["rate"] == 0.5
+    assert {".", "?", "\n"} <= set(kwargs["force_tokens"])
