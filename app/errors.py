@@ -61,16 +61,15 @@ def overloaded(message: str) -> ApiError:
     )
 
 
-def internal(request_id: str) -> ApiError:
-    return ApiError(
-        500, f"internal error (request {request_id})", "server_error", code="internal_error"
-    )
+def internal() -> ApiError:
+    return ApiError(500, "internal error", "server_error", code="internal_error")
 
 
 def error_body(error: ApiError, request_id: str | None = None) -> dict:
     message = error.message
-    if request_id and request_id not in message:
-        message = f"{message} (request {request_id})"
+    suffix = f"(request {request_id})"
+    if request_id and suffix not in message:
+        message = f"{message} {suffix}"
     return {
         "error": {"message": message, "type": error.type, "param": error.param, "code": error.code}
     }

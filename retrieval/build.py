@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import shutil
 import tempfile
 import time
@@ -60,7 +61,10 @@ def build_index(
         num_sentences=len(sentence_texts),
         index={},
         chunking=asdict(chunking),
-        extra={"num_documents": len(documents), "built_at": time.strftime("%Y-%m-%dT%H:%M:%SZ")},
+        extra={
+            "num_documents": len(documents),
+            "built_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        },
     )
     index = FaissIndex.build(
         chunk_vectors, indexed_chunks, sentence_vectors, manifest, index_params
@@ -82,6 +86,10 @@ def _index_sentences(chunks: Sequence[Chunk]) -> tuple[list[IndexedChunk], list[
 def _save_atomically(index: FaissIndex, output_dir: Path) -> None:
     output_dir.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{output_dir.name}.", dir=output_dir.parent))
+    # mkdtemp makes the folder owner-only; the published index should follow the umask.
+    umask = os.umask(0)
+    os.umask(umask)
+    staging.chmod(0o777 & ~umask)
     try:
         index.save(staging)
         if output_dir.exists():

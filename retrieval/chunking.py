@@ -68,7 +68,7 @@ def chunk_document(
         chunks.append(_make_chunk(document, pieces[first : last + 1], len(chunks)))
         if last + 1 >= len(pieces):
             break
-        first = _overlap_start(pieces, first, last, params.overlap_tokens)
+        first = _overlap_start(pieces, first, last, params)
     return chunks
 
 
@@ -79,11 +79,15 @@ def chunk_documents(
     return [chunk for doc in documents for chunk in chunk_document(doc, token_offsets, params)]
 
 
-def _overlap_start(pieces: list[_Piece], first: int, last: int, overlap_tokens: int) -> int:
-    """First piece of the next chunk: walk back from `last` while the overlap fits."""
+def _overlap_start(pieces: list[_Piece], first: int, last: int, params: ChunkingParams) -> int:
+    """First piece of the next chunk: walk back from `last` while the overlap fits.
+
+    The overlap never crowds out the next new piece, so every chunk adds something.
+    """
     start = last + 1
     carried = 0
-    while start - 1 > first and carried + pieces[start - 1].tokens <= overlap_tokens:
+    limit = min(params.overlap_tokens, params.chunk_tokens - pieces[last + 1].tokens)
+    while start - 1 > first and carried + pieces[start - 1].tokens <= limit:
         start -= 1
         carried += pieces[start].tokens
     return start

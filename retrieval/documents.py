@@ -53,8 +53,8 @@ def _read_text_file(root: Path, path: Path) -> Document:
 def _title_of(text: str, fallback: str) -> str:
     for line in text.splitlines():
         stripped = line.strip()
-        if stripped.startswith("#"):
-            return stripped.lstrip("#").strip() or fallback
+        if stripped.startswith("#") and stripped.lstrip("#").strip():
+            return stripped.lstrip("#").strip()
         if stripped:
             break
     return fallback.replace("-", " ").replace("_", " ")
@@ -74,7 +74,10 @@ def _read_jsonl_file(path: Path) -> list[Document]:
             if not isinstance(record, dict):
                 raise DocumentError(f"{where}: expected an object with id/title/text")
             doc_id, text = record.get("id"), record.get("text")
-            if not isinstance(doc_id, str | int) or not isinstance(text, str) or not text.strip():
+            valid_id = (isinstance(doc_id, str) and doc_id.strip()) or (
+                isinstance(doc_id, int) and not isinstance(doc_id, bool)
+            )
+            if not valid_id or not isinstance(text, str) or not text.strip():
                 raise DocumentError(f"{where}: needs a string or integer 'id' and non-empty 'text'")
             title = record.get("title") or str(doc_id)
             documents.append(Document(doc_id=str(doc_id), title=str(title), text=text.strip()))

@@ -138,6 +138,8 @@ class FaissIndex:
     def search(self, queries: np.ndarray, top_k: int) -> list[list[SearchHit]]:
         """Top-k chunks per query row, best first; fewer when the index holds fewer chunks."""
         top_k = min(top_k, len(self.chunks))
+        if top_k < 1:
+            return [[] for _ in range(len(queries))]
         scores, positions = self._index.search(np.ascontiguousarray(queries), top_k)
         return [
             [SearchHit(int(p), float(s)) for p, s in zip(row_p, row_s, strict=True) if p >= 0]

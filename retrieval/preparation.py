@@ -108,6 +108,7 @@ class PromptPreparer:
     def _sanitized(self, chunk: ContextChunk) -> ContextChunk:
         return replace(
             chunk,
+            chunk_id=neutralize(chunk.chunk_id, self._reserved),
             title=neutralize(chunk.title, self._reserved),
             text=neutralize(chunk.text, self._reserved),
             sentences=tuple(neutralize(s, self._reserved) for s in chunk.sentences),

@@ -44,7 +44,8 @@ def neutralize(text: str, reserved_strings: Iterable[str] = ()) -> str:
 def render_context(chunks: Sequence[ContextChunk]) -> str:
     """The sources block of the user message; ids are what answers cite."""
     return "\n".join(
-        f'<source id="{chunk.chunk_id}" title="{_attribute(chunk.title)}">\n{chunk.text}\n</source>'
+        f'<source id="{_attribute(chunk.chunk_id)}" title="{_attribute(chunk.title)}">\n'
+        f"{chunk.text}\n</source>"
         for chunk in chunks
     )
 

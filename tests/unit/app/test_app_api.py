@@ -463,3 +463,11 @@ def test_openapi_document_declares_the_error_responses(client):
 
     assert {"200", "400", "401", "503", "504"} <= set(paths[QUERY]["post"]["responses"])
     assert "503" in paths["/readyz"]["get"]["responses"]
+
+
+def test_malformed_json_without_a_key_is_401_not_a_parse_error(secured, stages):
+    response = secured.post(
+        QUERY, content=b'{"question": ', headers={"content-type": "application/json"}
+    )
+
+    error_of(response, 401, "authentication_error", code="invalid_api_key")

@@ -145,3 +145,18 @@ def test_resolve_path_puts_relative_paths_under_the_project_root():
     assert resolve_path("indexes/default") == PROJECT_ROOT / "indexes" / "default"
     assert resolve_path("/mnt/indexes/default") == Path("/mnt/indexes/default")
     assert resolve_path("~/idx") == Path.home() / "idx"
+
+
+def test_setting_one_deployment_field_keeps_the_stage_defaults():
+    config = parse_config(
+        {
+            "generator": {"deployment": {"max_ongoing_requests": 8}},
+            "compression": {"deployment": {"num_replicas": 2}},
+        }
+    )
+
+    assert config.generator.deployment.num_cpus == 0
+    assert config.generator.deployment.max_ongoing_requests == 8
+    assert config.compression.deployment.num_cpus == 0.5
+    assert config.compression.deployment.max_ongoing_requests == 8
+    assert config.compression.deployment.num_replicas == 2

@@ -26,7 +26,7 @@ def test_error_body_is_the_openai_shape_with_the_request_id_appended_once():
             "code": None,
         }
     }
-    assert error_body(internal("r1"), "r1")["error"]["message"] == "internal error (request r1)"
+    assert error_body(internal(), "r1")["error"]["message"] == "internal error (request r1)"
     assert error_body(error)["error"]["message"] == "top_k too big"
 
 

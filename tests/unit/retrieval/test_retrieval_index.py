@@ -193,12 +193,6 @@ def test_ivf_with_fewer_vectors_than_one_list_needs_still_builds():
     assert index.search(vectors[4:5], 1)[0][0].position == 4
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="index.py:140-141 FaissIndex.search on an index with no chunks calls faiss with "
-    "k=min(top_k, 0)=0, which raises AssertionError instead of returning no hits; build.py "
-    "only refuses a corpus with no documents, so a corpus of blank files yields such an index",
-)
 def test_search_on_an_empty_index_returns_no_hits():
     index = FaissIndex.build(
         np.zeros((0, DIMENSION), dtype=np.float32),
