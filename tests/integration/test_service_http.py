@@ -198,3 +198,11 @@ def test_api_key_is_required(service):
         f"{service.base_url}/v1/models", headers={"Authorization": "Bearer wrong-key"}
     )
     assert_error(wrong, 401)
+
+
+def test_request_id_from_the_client_is_kept_in_errors_and_headers(client):
+    response = client.post(
+        "/v1/rag/query", json={"question": " "}, headers={"x-request-id": "itest-req-42"}
+    )
+    assert "itest-req-42" in assert_error(response, 400, "question")["message"]
+    assert response.headers["x-request-id"] == "itest-req-42"
