@@ -1,0 +1,1 @@
+"""Benchmarks and evaluations that drive the running service over HTTP."""
