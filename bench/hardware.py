@@ -1,0 +1,117 @@
+"""GPU and model presets for the bottleneck advisor: datasheet figures and config shapes.
+
+Plain data, no arithmetic beyond lookups: `bench.advisor` turns these into floors. Memory sizes
+are the datasheet's decimal gigabytes (24 GB -> 24e9 bytes); the device usually reports a bit
+more (an "80 GB" H100 shows ~85e9 bytes), so fits computed from these are slightly conservative.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TypeVar
+
+GB = 1e9
+TFLOPS = 1e12
+
+# Bytes per weight for each `--quantization`. AWQ and GPTQ are 4-bit weight formats; their
+# group scales (~0.02 byte/param at group size 128) are ignored.
+WEIGHT_BYTES_PER_PARAM: dict[str, float] = {
+    "fp32": 4.0,
+    "bf16": 2.0,
+    "fp16": 2.0,
+    "fp8": 1.0,
+    "int8": 1.0,
+    "int4": 0.5,
+    "awq": 0.5,
+    "gptq": 0.5,
+}
+KV_BYTES_PER_ELEMENT: dict[str, float] = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0, "fp8": 1.0}
+# Quantized checkpoints (fp8, int8, int4, AWQ, GPTQ) keep the embedding and LM head in 16 bits.
+UNQUANTIZED_BYTES_PER_PARAM = 2.0
+
+_Spec = TypeVar("_Spec")
+
+
+@dataclass(frozen=True)
+class GpuSpec:
+    """One accelerator: what bounds decode (bandwidth), prefill (FLOP/s) and the KV cache (memory).
+
+    `peak_flops_per_s` is the dense (no 2:4 sparsity) tensor-core rate for the compute dtype,
+    bf16/fp16 in the presets; pass a custom figure for fp8 or int8 activations.
+    """
+
+    name: str
+    memory_bandwidth_bytes_per_s: float
+    peak_flops_per_s: float
+    memory_bytes: float
+
+    @property
+    def ridge_flops_per_byte(self) -> float:
+        """Arithmetic intensity above which a kernel is compute-bound on this GPU."""
+        return self.peak_flops_per_s / self.memory_bandwidth_bytes_per_s
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """The shape of a decoder-only transformer, as far as the floors need it.
+
+    `params` counts every weight. `embedding_params` are those in the input embedding and LM
+    head (one matrix when tied), which quantized checkpoints keep in 16 bits; 0 treats every
+    weight as quantized. `hidden_size` is informational: the floors count 2 FLOPs per
+    parameter per token and leave out attention's FLOPs (about 2% at 1,000 tokens on
+    Llama-3-8B).
+    """
+
+    name: str
+    params: float
+    layers: int
+    kv_heads: int
+    head_dim: int
+    hidden_size: int | None = None
+    embedding_params: float = 0.0
+
+
+GPUS: dict[str, GpuSpec] = {
+    # No public NVIDIA datasheet for this AWS-only part; figures as AWS/NVIDIA publish them in
+    # spec comparisons (the A10 has the same memory but 125 dense bf16 TFLOPS).
+    "a10g": GpuSpec("A10G", 600 * GB, 70 * TFLOPS, 24 * GB),
+    # Vendor datasheet (NVIDIA L4): 242 bf16 TFLOPS with sparsity -> 121 dense, 300 GB/s GDDR6.
+    "l4": GpuSpec("L4", 300 * GB, 121 * TFLOPS, 24 * GB),
+    # Vendor datasheet (NVIDIA A100, SXM): 312 dense bf16 TFLOPS; 1,555 GB/s HBM2.
+    "a100-40gb": GpuSpec("A100-40GB", 1555 * GB, 312 * TFLOPS, 40 * GB),
+    # Vendor datasheet (NVIDIA A100, SXM): 312 dense bf16 TFLOPS; 2,039 GB/s HBM2e.
+    "a100-80gb": GpuSpec("A100-80GB", 2039 * GB, 312 * TFLOPS, 80 * GB),
+    # Vendor datasheet (NVIDIA H100 SXM5): 1,979 bf16 TFLOPS with sparsity -> 989 dense.
+    "h100-sxm": GpuSpec("H100-SXM", 3350 * GB, 989 * TFLOPS, 80 * GB),
+    # Vendor datasheet (NVIDIA H200 SXM): H100's compute, 4.8 TB/s HBM3e, 141 GB.
+    "h200": GpuSpec("H200", 4800 * GB, 989 * TFLOPS, 141 * GB),
+}
+
+MODELS: dict[str, ModelSpec] = {
+    # config.json: 32 layers, 8 KV heads of 128, hidden 4096, vocab 128,256, untied embeddings
+    # (2 * 128256 * 4096 embedding + LM head params).
+    "llama-3-8b": ModelSpec("Llama-3-8B", 8.03e9, 32, 8, 128, 4096, 2 * 128256 * 4096),
+    # config.json: 80 layers, 8 KV heads of 128, hidden 8192, vocab 128,256, untied.
+    "llama-3-70b": ModelSpec("Llama-3-70B", 70.6e9, 80, 8, 128, 8192, 2 * 128256 * 8192),
+    # config.json: 24 layers, 2 KV heads of 64, hidden 896, vocab 151,936, tied embeddings.
+    "qwen2.5-0.5b": ModelSpec("Qwen2.5-0.5B", 494e6, 24, 2, 64, 896, 151936 * 896),
+    # config.json: 30 layers, 3 KV heads of 64, hidden 576, vocab 49,152, tied embeddings.
+    "smollm2-135m": ModelSpec("SmolLM2-135M", 134.5e6, 30, 3, 64, 576, 49152 * 576),
+}
+
+
+def gpu_preset(name: str) -> GpuSpec:
+    """The preset GPU called `name` (case-insensitive); ValueError naming the choices if none."""
+    return _lookup(GPUS, name, "GPU")
+
+
+def model_preset(name: str) -> ModelSpec:
+    """The preset model called `name` (case-insensitive); ValueError naming the choices if none."""
+    return _lookup(MODELS, name, "model")
+
+
+def _lookup(table: dict[str, _Spec], name: str, kind: str) -> _Spec:
+    try:
+        return table[name.lower()]
+    except KeyError:
+        raise ValueError(f"unknown {kind} {name!r}; presets: {', '.join(table)}") from None
