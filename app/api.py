@@ -69,6 +69,7 @@ def create_api(state: ApiState | None = None) -> FastAPI:
     # Auth runs before routing and body parsing: an unauthenticated caller learns nothing
     # about the request format.
     api.middleware("http")(_authorize)
+    api.middleware("http")(_add_request_id_header)
     api.add_api_route("/healthz", _healthz, methods=["GET"])
     api.add_api_route("/readyz", _readyz, methods=["GET"], responses={503: ERROR_RESPONSES[503]})
     api.add_api_route("/v1/models", _models, methods=["GET"], response_model=ModelList)
@@ -132,6 +133,17 @@ async def _authorize(request: Request, call_next) -> Response:
     return error_response(error, request_id_of(request))
 
 
+async def _add_request_id_header(request: Request, call_next) -> Response:
+    return _with_request_id(await call_next(request), request)
+
+
+def _with_request_id(response: Response, request: Request) -> Response:
+    # Serve's proxy sets x-request-id on every response; outside Serve, set it here.
+    if _serve_request_id() is None and "x-request-id" not in response.headers:
+        response.headers["x-request-id"] = request_id_of(request)
+    return response
+
+
 async def _healthz() -> dict:
     return {"status": "ok"}
 
@@ -157,7 +169,7 @@ async def _rag_query(body: RagQueryRequest, request: Request):
     if body.stream:
         return await _stream(state, query, rag_format.sse_events(query))
     result = await _collect(state, query)
-    return JSONResponse(rag_format.response_body(result), headers=_id_header(query))
+    return JSONResponse(rag_format.response_body(result))
 
 
 async def _chat_completions(body: ChatCompletionRequest, request: Request):
@@ -180,9 +192,7 @@ async def _chat_completions(body: ChatCompletionRequest, request: Request):
         renderer = openai_format.sse_chunks(query, body.model, created, include_usage)
         return await _stream(state, query, renderer)
     result = await _collect(state, query)
-    return JSONResponse(
-        openai_format.completion_body(result, body.model, created), headers=_id_header(query)
-    )
+    return JSONResponse(openai_format.completion_body(result, body.model, created))
 
 
 async def _admit(
@@ -260,7 +270,7 @@ async def _stream(state: ApiState, query: RagQuery, renderer) -> StreamingRespon
     return StreamingResponse(
         _guarded(renderer(_chain(head, events, deadline)), query),
         media_type="text/event-stream",
-        headers={**_id_header(query), "Cache-Control": "no-cache"},
+        headers={"Cache-Control": "no-cache"},
     )
 
 
@@ -297,10 +307,6 @@ def _sse_error(error: ApiError, request_id: str) -> str:
     return f"event: error\ndata: {json.dumps(error_body(error, request_id))}\n\ndata: [DONE]\n\n"
 
 
-def _id_header(query: RagQuery) -> dict[str, str]:
-    return {"x-request-id": query.request_id}
-
-
 def _install_error_handlers(api: FastAPI) -> None:
     @api.exception_handler(ApiError)
     async def _api_error(request: Request, error: ApiError) -> JSONResponse:
@@ -321,10 +327,11 @@ def _install_error_handlers(api: FastAPI) -> None:
         return error_response(timeout, request_id_of(request))
 
     @api.exception_handler(Exception)
-    async def _unexpected(request: Request, error: Exception) -> JSONResponse:
+    async def _unexpected(request: Request, error: Exception) -> Response:
         request_id = request_id_of(request)
         logger.exception("unhandled error (request %s)", request_id)
-        return error_response(internal(), request_id)
+        # Unhandled errors are answered outside the middleware stack: add the id here.
+        return _with_request_id(error_response(internal(), request_id), request)
 
 
 def _validation_error(error: RequestValidationError) -> ApiError:

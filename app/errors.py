@@ -76,10 +76,9 @@ def error_body(error: ApiError, request_id: str | None = None) -> dict:
 
 
 def error_response(error: ApiError, request_id: str | None = None) -> JSONResponse:
-    headers = dict(error.headers)
-    if request_id:
-        headers["x-request-id"] = request_id
-    return JSONResponse(error_body(error, request_id), status_code=error.status, headers=headers)
+    return JSONResponse(
+        error_body(error, request_id), status_code=error.status, headers=dict(error.headers)
+    )
 
 
 # Declared on routes so the OpenAPI document lists the error responses honestly.

@@ -4,11 +4,16 @@ LLMLingua. One `serve run` for the whole module (see conftest.py)."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import httpx
 import openai
 import pytest
+import yaml
 
 pytestmark = pytest.mark.integration
 
@@ -206,3 +211,44 @@ def test_request_id_from_the_client_is_kept_in_errors_and_headers(client):
     )
     assert "itest-req-42" in assert_error(response, 400, "question")["message"]
     assert response.headers["x-request-id"] == "itest-req-42"
+
+
+def test_serve_status_shows_every_deployment_healthy(service):
+    serve_bin = Path(sys.executable).with_name("serve")
+    result = subprocess.run(
+        [str(serve_bin), "status"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+        # serve run turns on Ray token auth; the CLI must be told to send the token.
+        env=os.environ | {"RAY_AUTH_MODE": "token"},
+    )
+    status = yaml.safe_load(result.stdout)
+    application = status["applications"]["rag"]
+    assert application["status"] == "RUNNING"
+    deployments = application["deployments"]
+    assert set(deployments) == {"RagIngress", "Retriever", "Compressor", "Generator"}
+    assert {d["status"] for d in deployments.values()} == {"HEALTHY"}
+
+
+def test_pipeline_metrics_reach_the_prometheus_export(client):
+    ask(client, max_tokens=4)
+    targets = json.loads(Path("/tmp/ray/prom_metrics_service_discovery.json").read_text())
+    addresses = [address for group in targets for address in group["targets"]]
+    deadline = time.monotonic() + 60
+    wanted = ("ray_rag_stage_latency_ms_bucket", "ray_rag_compression_ratio_bucket")
+    while time.monotonic() < deadline:
+        exported = "".join(_scrape(address) for address in addresses)
+        if all(name in exported for name in wanted):
+            assert 'stage="ttft"' in exported
+            return
+        time.sleep(5)
+    pytest.fail(f"{wanted} not exported by any of {addresses}")
+
+
+def _scrape(address: str) -> str:
+    try:
+        return httpx.get(f"http://{address}/metrics", timeout=5).text
+    except httpx.HTTPError:
+        return ""
