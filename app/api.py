@@ -231,6 +231,7 @@ async def _admit(
         max_tokens=max_tokens,
         temperature=(config.generator.default_temperature if temperature is None else temperature),
         request_id=request_id_of(request),
+        include_context=options.include_context,
     )
 
 

@@ -111,4 +111,5 @@ def _rag_extras(result: RagResult) -> dict:
         "context_truncated": result.context_truncated,
         "timings_ms": result.timings_ms.model_dump(),
         "tpot_ms": result.tpot_ms,
+        "context": None if result.context is None else [c.model_dump() for c in result.context],
     }

@@ -14,7 +14,7 @@ from typing import Any, Protocol
 
 from app.errors import ApiError, StageError
 from app.log import get_logger
-from app.schemas import RagUsage, Source, Timings
+from app.schemas import ContextPassage, RagUsage, Source, Timings
 from retrieval.compression import CompressionPlan
 from retrieval.context import Retrieval
 from retrieval.preparation import PreparedPrompt
@@ -48,6 +48,7 @@ class RagQuery:
     max_tokens: int
     temperature: float
     request_id: str
+    include_context: bool = False
     received_at: float = field(default_factory=time.perf_counter)
 
 
@@ -78,6 +79,7 @@ class RagResult:
     usage: RagUsage
     timings_ms: Timings
     tpot_ms: float | None
+    context: list[ContextPassage] | None = None
 
 
 @dataclass(frozen=True)
@@ -184,6 +186,11 @@ def _result(
             total=round(total_ms, 2),
         ),
         tpot_ms=_round(tpot_ms(total_ms, ttft_ms, completion_tokens)),
+        context=(
+            [ContextPassage(id=c.chunk_id, text=c.text) for c in prepared.chunks]
+            if query.include_context
+            else None
+        ),
     )
 
 

@@ -28,6 +28,7 @@ def response_body(result: RagResult) -> dict:
         usage=result.usage,
         timings_ms=result.timings_ms,
         tpot_ms=result.tpot_ms,
+        context=result.context,
     ).model_dump()
 
 

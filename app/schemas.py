@@ -28,6 +28,9 @@ class CompressionOptions(_Strict):
 class RagOptions(_Strict):
     top_k: int | None = Field(None, ge=1, description="Chunks to retrieve.")
     compression: CompressionOptions | None = None
+    include_context: bool = Field(
+        False, description="Return the (compressed) context the model saw, for evaluation."
+    )
 
 
 class RagQueryRequest(RagOptions):
@@ -52,6 +55,11 @@ class RagUsage(BaseModel):
     completion_tokens: int
 
 
+class ContextPassage(BaseModel):
+    id: str
+    text: str
+
+
 class Timings(BaseModel):
     retrieve: float
     compress: float
@@ -69,6 +77,7 @@ class RagQueryResponse(BaseModel):
     usage: RagUsage
     timings_ms: Timings
     tpot_ms: float | None
+    context: list[ContextPassage] | None = None
 
 
 class ChatMessage(BaseModel):

@@ -471,3 +471,12 @@ def test_malformed_json_without_a_key_is_401_not_a_parse_error(secured, stages):
     )
 
     error_of(response, 401, "authentication_error", code="invalid_api_key")
+
+
+def test_context_is_returned_only_when_asked(client):
+    plain = client.post(QUERY, json={"question": "Q?"}).json()
+    asked = client.post(QUERY, json={"question": "Q?", "include_context": True}).json()
+
+    assert plain["context"] is None
+    assert [passage["id"] for passage in asked["context"]] == [s["id"] for s in asked["sources"]]
+    assert all(passage["text"] for passage in asked["context"])
