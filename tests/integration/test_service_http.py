@@ -103,7 +103,8 @@ def test_system_prompt_is_cached_across_different_questions(client):
 
 @pytest.mark.parametrize("method", ["sentences", "llmlingua"])
 def test_compression_shrinks_context_and_keeps_valid_source_ids(client, chunk_ids, method):
-    compressed = ask(client, top_k=2, max_tokens=8, compression={"method": method, "rate": 0.5})
+    compression = {"method": method, "rate": 0.5}
+    compressed = ask(client, top_k=2, max_tokens=8, compression=compression, include_context=True)
     uncompressed = ask(client, top_k=2, max_tokens=8, compression={"method": "none"})
     before = compressed["usage"]["context_tokens_before"]
     assert uncompressed["usage"]["context_tokens_after"] == before
@@ -112,6 +113,9 @@ def test_compression_shrinks_context_and_keeps_valid_source_ids(client, chunk_id
     assert compressed["timings_ms"]["compress"] > 0
     assert {source["id"] for source in compressed["sources"]} <= chunk_ids
     assert compressed["usage"]["prompt_tokens"] < uncompressed["usage"]["prompt_tokens"]
+    passages = compressed["context"]
+    assert [p["id"] for p in passages] == [s["id"] for s in compressed["sources"]]
+    assert all(p["text"].strip() for p in passages)
 
 
 def test_overflowing_context_is_cut_to_the_token_budget(client, service):
