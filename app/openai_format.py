@@ -40,7 +40,7 @@ def usage_body(result: RagResult) -> dict:
 
 def completion_body(result: RagResult, model: str, created: int) -> dict:
     return {
-        "id": f"chatcmpl-{result.request_id}",
+        "id": f"chatcmpl-{result.id}",
         "object": "chat.completion",
         "created": created,
         "model": model,

@@ -14,7 +14,7 @@ from typing import Any, Protocol
 
 from app.errors import ApiError, StageError
 from app.log import get_logger
-from app.schemas import ContextPassage, RagUsage, Source, Timings
+from app.schemas import ContextPassage, RagQueryResponse, RagUsage, Source, Timings
 from retrieval.compression import CompressionPlan
 from retrieval.context import Retrieval
 from retrieval.preparation import PreparedPrompt
@@ -68,18 +68,8 @@ class ErrorEvent:
     error: ApiError
 
 
-@dataclass(frozen=True)
-class RagResult:
-    request_id: str
-    answer: str
-    sources: list[Source]
-    compression_method: str
-    context_truncated: bool
-    finish_reason: str | None
-    usage: RagUsage
-    timings_ms: Timings
-    tpot_ms: float | None
-    context: list[ContextPassage] | None = None
+# The pipeline's result is the /v1/rag/query response body itself.
+RagResult = RagQueryResponse
 
 
 @dataclass(frozen=True)
@@ -166,7 +156,7 @@ def _result(
 ) -> RagResult:
     completion_tokens = int(usage.get("completion_tokens", 0))
     return RagResult(
-        request_id=query.request_id,
+        id=query.request_id,
         answer=answer,
         sources=sources,
         compression_method=prepared.method,

@@ -12,24 +12,12 @@ from collections.abc import AsyncIterator, Callable
 
 from app.errors import error_body
 from app.pipeline import DoneEvent, ErrorEvent, PipelineEvent, RagQuery, RagResult, SourcesEvent
-from app.schemas import RagQueryResponse
 
 Renderer = Callable[[AsyncIterator[PipelineEvent]], AsyncIterator[str]]
 
 
 def response_body(result: RagResult) -> dict:
-    return RagQueryResponse(
-        id=result.request_id,
-        answer=result.answer,
-        sources=result.sources,
-        compression_method=result.compression_method,
-        context_truncated=result.context_truncated,
-        finish_reason=result.finish_reason,
-        usage=result.usage,
-        timings_ms=result.timings_ms,
-        tpot_ms=result.tpot_ms,
-        context=result.context,
-    ).model_dump()
+    return result.model_dump()
 
 
 def sse_events(query: RagQuery) -> Renderer:

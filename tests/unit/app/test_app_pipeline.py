@@ -60,7 +60,7 @@ def test_events_come_in_order_and_metrics_see_the_result(stages):
     assert all(isinstance(e, TokenEvent) for e in events[1:4])
     assert isinstance(events[-1], DoneEvent)
     result = events[-1].result
-    assert result.request_id == "req-1"
+    assert result.id == "req-1"
     assert result.answer == "".join(e.text for e in events[1:4])
     assert result.finish_reason == "stop"
     assert result.usage.cached_prompt_tokens == 256
