@@ -15,7 +15,7 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export RAY_USAGE_STATS_ENABLED := 0
 
-.PHONY: setup install models index run test lint unit integration stop clean
+.PHONY: setup install models index run test lint unit integration bench-quick stop clean
 
 setup: install models index
 
@@ -59,6 +59,10 @@ integration: setup
 
 test: setup lint
 	$(BIN)/pytest tests
+
+# Latency lab, quick plan: two service variants started and stopped by the suite itself.
+bench-quick: setup
+	$(BIN)/python -m bench.suite --plan quick --out bench-results/quick
 
 stop:
 	-$(BIN)/serve shutdown -y

@@ -1,0 +1,422 @@
+"""Load against the service's streaming endpoints, timed on the client (asyncio + httpx).
+
+Arrivals are either open-loop, Poisson at a given rate (exponential gaps from a seeded
+`random.Random`, first request at time 0), or closed-loop at a fixed concurrency (a semaphore:
+the next request starts when one finishes). Every request streams, and its timings are taken
+with `time.perf_counter` as events arrive:
+
+- TTFT: send -> first non-empty content delta (the chat endpoint's role-only first chunk and
+  the RAG endpoint's `sources` event do not count);
+- ITL: each gap between consecutive non-empty content deltas;
+- E2E: send -> `data: [DONE]` (or the connection closing, or the failure); the rest of the
+  body is then read so that HTTP/1.1 can reuse the connection;
+- output tokens: `usage.completion_tokens` from the server's final event when present, else
+  the number of content deltas.
+
+Requests are bounded: each by `request_timeout_s`, the run by `deadline_s`; requests not
+started by the deadline are recorded as not sent. Nothing is retried, a 503 included.
+
+Endpoints (see README and app/rag_format.py, app/openai_format.py for the stream formats):
+- "rag":  POST /v1/rag/query {question, max_tokens, stream, top_k?, compression?}; SSE
+          `event: sources`, `event: delta` {"text"}, `event: done` {usage, timings_ms,
+          tpot_ms}, `data: [DONE]`; a failure after the first token is `event: error`.
+- "chat": POST /v1/chat/completions, OpenAI chunks with `stream_options.include_usage`; the
+          retrieval options ride in `rag`; the finish chunk's `rag` carries timings_ms and
+          tpot_ms, the usage chunk the token count; a late failure is a `data: {"error"}`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import math
+import random
+import time
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import httpx
+
+Endpoint = Literal["rag", "chat"]
+ENDPOINTS: tuple[Endpoint, ...] = ("rag", "chat")
+ENDPOINT_PATHS: dict[str, str] = {"rag": "/v1/rag/query", "chat": "/v1/chat/completions"}
+DEFAULT_CHAT_MODEL = "smollm2-135m-instruct"
+STAGE_NAMES = ("retrieve", "compress", "ttft", "total")
+DEFAULT_REQUEST_TIMEOUT_S = 300.0
+# How long to wait for the end of the body after [DONE]; see _drain.
+DRAIN_TIMEOUT_S = 1.0
+# Error bodies are kept for the record, cut to this length.
+MAX_ERROR_CHARS = 500
+_DONE = "[DONE]"
+
+
+@dataclass(frozen=True)
+class RequestSpec:
+    """One request to send: the question and its generation and retrieval options."""
+
+    endpoint: Endpoint
+    question: str
+    max_tokens: int
+    top_k: int | None = None
+    compression_method: str | None = None
+    compression_rate: float | None = None
+    model: str = DEFAULT_CHAT_MODEL
+
+
+@dataclass
+class RequestRecord:
+    """What the client saw of one request. Times are ms; `*_at_ms` fields are offsets from
+    the run's start, the rest are durations. `send_at_ms` is None for a request never sent."""
+
+    index: int
+    endpoint: str
+    question: str
+    scheduled_at_ms: float | None = None
+    send_at_ms: float | None = None
+    end_at_ms: float | None = None
+    ttft_ms: float | None = None
+    itl_ms: list[float] = field(default_factory=list)
+    e2e_ms: float | None = None
+    output_tokens: int = 0
+    content_deltas: int = 0
+    usage_completion_tokens: int | None = None
+    ok: bool = False
+    status: int | None = None
+    error_kind: str | None = None
+    error: str | None = None
+    server_timings_ms: dict[str, float] | None = None
+    server_tpot_ms: float | None = None
+
+
+def request_body(spec: RequestSpec) -> dict[str, Any]:
+    """The JSON body of a streaming request for `spec` on its endpoint."""
+    rag: dict[str, Any] = {}
+    if spec.top_k is not None:
+        rag["top_k"] = spec.top_k
+    compression = {
+        key: value
+        for key, value in (("method", spec.compression_method), ("rate", spec.compression_rate))
+        if value is not None
+    }
+    if compression:
+        rag["compression"] = compression
+    if spec.endpoint == "rag":
+        return {"question": spec.question, "max_tokens": spec.max_tokens, "stream": True, **rag}
+    body: dict[str, Any] = {
+        "model": spec.model,
+        "messages": [{"role": "user", "content": spec.question}],
+        "max_tokens": spec.max_tokens,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    if rag:
+        body["rag"] = rag
+    return body
+
+
+def poisson_gaps_s(count: int, rate_per_s: float, seed: int) -> list[float]:
+    """`count` exponential inter-arrival gaps (mean 1 / rate_per_s) from `random.Random(seed)`."""
+    if not 0 < rate_per_s < math.inf:
+        raise ValueError(f"rate_per_s must be a positive number, got {rate_per_s}")
+    rng = random.Random(seed)
+    return [rng.expovariate(rate_per_s) for _ in range(count)]
+
+
+def arrival_offsets_s(count: int, rate_per_s: float, seed: int) -> list[float]:
+    """Send offsets of `count` Poisson arrivals: the first at 0, each next one a gap later."""
+    if count <= 0:
+        return []
+    gaps = poisson_gaps_s(count - 1, rate_per_s, seed)
+    return list(itertools.accumulate(gaps, initial=0.0))
+
+
+def make_client(
+    base_url: str,
+    *,
+    api_key: str | None = None,
+    request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S,
+    transport: httpx.AsyncBaseTransport | None = None,
+) -> httpx.AsyncClient:
+    """An async client for the service: the bearer key when given, no connection cap (the
+    arrival process decides the load, not the pool), and no proxies from the environment, so
+    the timings are of the direct path."""
+    headers = {"authorization": f"Bearer {api_key}"} if api_key else {}
+    return httpx.AsyncClient(
+        base_url=base_url,
+        headers=headers,
+        timeout=httpx.Timeout(request_timeout_s, connect=min(10.0, request_timeout_s)),
+        limits=httpx.Limits(max_connections=None, max_keepalive_connections=64),
+        transport=transport,
+        trust_env=False,
+    )
+
+
+async def run_load(
+    client: httpx.AsyncClient,
+    requests: Sequence[RequestSpec],
+    *,
+    rate_per_s: float | None,
+    concurrency: int | None,
+    seed: int,
+    request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S,
+    deadline_s: float | None = None,
+) -> list[RequestRecord]:
+    """Send `requests` in order, Poisson at `rate_per_s` or at a fixed `concurrency` (exactly
+    one of the two), and return one record per request, in the same order. `seed` fixes
+    the Poisson gaps. Each request gets at most `request_timeout_s`; none is sent, and none
+    runs, past `deadline_s` from the start. Failures are recorded, never raised or retried."""
+    if (rate_per_s is None) == (concurrency is None):
+        raise ValueError("give exactly one of rate_per_s and concurrency")
+    if rate_per_s is not None and not 0 < rate_per_s < math.inf:
+        raise ValueError(f"rate_per_s must be a positive number, got {rate_per_s}")
+    if concurrency is not None and concurrency < 1:
+        raise ValueError(f"concurrency must be at least 1, got {concurrency}")
+    if not request_timeout_s > 0:
+        raise ValueError(f"request_timeout_s must be positive, got {request_timeout_s}")
+    if deadline_s is not None and not deadline_s > 0:
+        raise ValueError(f"deadline_s must be positive, got {deadline_s}")
+    offsets = None if rate_per_s is None else arrival_offsets_s(len(requests), rate_per_s, seed)
+    records = [RequestRecord(i, spec.endpoint, spec.question) for i, spec in enumerate(requests)]
+    start = time.perf_counter()
+    deadline = math.inf if deadline_s is None else start + deadline_s
+
+    async def send(spec: RequestSpec, record: RequestRecord) -> None:
+        budget_s = min(request_timeout_s, deadline - time.perf_counter())
+        if budget_s > 0:
+            await _send(client, spec, record, start, budget_s)
+
+    async with asyncio.TaskGroup() as group:
+        if offsets is not None:
+            for spec, record, offset_s in zip(requests, records, offsets, strict=True):
+                record.scheduled_at_ms = offset_s * 1000
+                if start + offset_s >= deadline:
+                    break
+                await asyncio.sleep(max(0.0, start + offset_s - time.perf_counter()))
+                group.create_task(send(spec, record))
+        else:
+            gate = asyncio.Semaphore(concurrency or 1)
+
+            async def gated(spec: RequestSpec, record: RequestRecord) -> None:
+                async with gate:
+                    await send(spec, record)
+
+            for spec, record in zip(requests, records, strict=True):
+                group.create_task(gated(spec, record))
+    for record in records:
+        if record.send_at_ms is None:
+            record.error_kind = "not_sent"
+            record.error = "the run's deadline passed before it was sent"
+    return records
+
+
+@dataclass
+class _Stream:
+    """Running state of one response stream."""
+
+    sent_at: float
+    first_at: float | None = None
+    last_at: float | None = None
+    gaps_s: list[float] = field(default_factory=list)
+    deltas: int = 0
+    usage_tokens: int | None = None
+    timings_ms: dict[str, float] | None = None
+    tpot_ms: float | None = None
+    ended_at: float | None = None
+    complete: bool = False
+    error: str | None = None
+
+    def content(self, text: object, now: float) -> None:
+        if not isinstance(text, str) or not text:
+            return
+        if self.last_at is None:
+            self.first_at = now
+        else:
+            self.gaps_s.append(now - self.last_at)
+        self.last_at = now
+        self.deltas += 1
+
+    def finals(self, usage: object, rag: object) -> None:
+        if isinstance(usage, dict) and isinstance(usage.get("completion_tokens"), int):
+            self.usage_tokens = usage["completion_tokens"]
+        if not isinstance(rag, dict):
+            return
+        timings = rag.get("timings_ms")
+        if isinstance(timings, dict):
+            self.timings_ms = {
+                name: float(timings[name])
+                for name in STAGE_NAMES
+                if isinstance(timings.get(name), int | float)
+            }
+        if isinstance(rag.get("tpot_ms"), int | float):
+            self.tpot_ms = float(rag["tpot_ms"])
+
+
+async def _send(
+    client: httpx.AsyncClient,
+    spec: RequestSpec,
+    record: RequestRecord,
+    run_start: float,
+    budget_s: float,
+) -> None:
+    """Send one request, read its stream within `budget_s`, and fill `record`."""
+    sent_at = time.perf_counter()
+    record.send_at_ms = (sent_at - run_start) * 1000
+    stream = _Stream(sent_at)
+    kind: str | None = None
+    try:
+        async with (
+            asyncio.timeout(budget_s),
+            client.stream(
+                "POST",
+                ENDPOINT_PATHS[spec.endpoint],
+                json=request_body(spec),
+                headers={"accept": "text/event-stream"},
+            ) as response,
+        ):
+            record.status = response.status_code
+            if response.status_code != 200:
+                kind = f"http_{response.status_code}"
+                stream.error = _error_message(await _read_capped(response))
+            else:
+                reader = _read_rag if spec.endpoint == "rag" else _read_chat
+                await reader(_sse_events(response.aiter_lines()), stream)
+                if stream.error is not None:
+                    kind = "stream_error"
+                elif not stream.complete:
+                    kind = "incomplete"
+                    stream.error = "the stream ended before its final event"
+    except (TimeoutError, httpx.TimeoutException):
+        kind = "timeout"
+        stream.error = f"no complete response within {budget_s:.1f} s"
+    except httpx.HTTPError as error:
+        kind = "transport"
+        stream.error = f"{type(error).__name__}: {error}"[:MAX_ERROR_CHARS]
+    except ValueError as error:  # malformed JSON in an event
+        kind = "protocol"
+        stream.error = f"malformed event: {error}"[:MAX_ERROR_CHARS]
+    except Exception as error:  # one odd request must not sink the run's other records
+        kind = "client_error"
+        stream.error = f"{type(error).__name__}: {error}"[:MAX_ERROR_CHARS]
+    if kind is not None or stream.ended_at is None:
+        stream.ended_at = time.perf_counter()
+    _fill(record, stream, stream.ended_at, run_start, kind)
+
+
+def _fill(
+    record: RequestRecord, stream: _Stream, ended_at: float, run_start: float, kind: str | None
+) -> None:
+    record.end_at_ms = (ended_at - run_start) * 1000
+    record.e2e_ms = (ended_at - stream.sent_at) * 1000
+    if stream.first_at is not None:
+        record.ttft_ms = (stream.first_at - stream.sent_at) * 1000
+    record.itl_ms = [gap * 1000 for gap in stream.gaps_s]
+    record.content_deltas = stream.deltas
+    record.usage_completion_tokens = stream.usage_tokens
+    record.output_tokens = stream.deltas if stream.usage_tokens is None else stream.usage_tokens
+    record.server_timings_ms = stream.timings_ms
+    record.server_tpot_ms = stream.tpot_ms
+    record.ok = kind is None
+    record.error_kind = kind
+    record.error = stream.error
+
+
+async def _read_rag(events: AsyncIterator[tuple[str | None, str]], stream: _Stream) -> None:
+    async for name, data in events:
+        now = time.perf_counter()
+        if data == _DONE:
+            stream.ended_at = now
+            await _drain(events)
+            break
+        payload = _json_object(data)
+        if name == "delta":
+            stream.content(payload.get("text"), now)
+        elif name == "done":
+            stream.finals(payload.get("usage"), payload)
+            stream.complete = True
+        elif name == "error":
+            stream.error = _error_message(data)
+            break
+
+
+async def _read_chat(events: AsyncIterator[tuple[str | None, str]], stream: _Stream) -> None:
+    async for _, data in events:
+        now = time.perf_counter()
+        if data == _DONE:
+            stream.ended_at = now
+            stream.complete = True
+            await _drain(events)
+            break
+        payload = _json_object(data)
+        if "error" in payload:
+            stream.error = _error_message(data)
+            break
+        for choice in payload.get("choices") or []:
+            if isinstance(choice, dict) and isinstance(choice.get("delta"), dict):
+                stream.content(choice["delta"].get("content"), now)
+        stream.finals(payload.get("usage"), payload.get("rag"))
+
+
+async def _drain(events: AsyncIterator[tuple[str | None, str]]) -> None:
+    """Read what follows [DONE], so HTTP/1.1 can reuse the connection for the next request.
+    A server that holds the stream open only costs the connection: the request is done."""
+    try:
+        async with asyncio.timeout(DRAIN_TIMEOUT_S):
+            async for _ in events:
+                pass
+    except (TimeoutError, httpx.HTTPError):
+        pass
+
+
+async def _sse_events(lines: AsyncIterator[str]) -> AsyncIterator[tuple[str | None, str]]:
+    """(event name or None, data) for each server-sent event, as its blank line arrives."""
+    name: str | None = None
+    data: list[str] = []
+    async for raw in lines:
+        line = raw.rstrip("\r\n")
+        if not line:
+            if data:
+                yield name, "\n".join(data)
+            name, data = None, []
+            continue
+        if line.startswith(":"):
+            continue
+        key, _, value = line.partition(":")
+        value = value.removeprefix(" ")
+        if key == "event":
+            name = value
+        elif key == "data":
+            data.append(value)
+    if data:
+        yield name, "\n".join(data)
+
+
+def _json_object(data: str) -> dict[str, Any]:
+    payload = json.loads(data)
+    if not isinstance(payload, dict):
+        raise ValueError(f"expected a JSON object, got {data[:80]!r}")
+    return payload
+
+
+async def _read_capped(response: httpx.Response) -> str:
+    body = b""
+    async for chunk in response.aiter_bytes():
+        body += chunk
+        if len(body) >= MAX_ERROR_CHARS * 4:
+            break
+    return body.decode("utf-8", errors="replace")
+
+
+def _error_message(body: str) -> str:
+    """The message of an OpenAI-shaped error body, else the body itself, cut short."""
+    try:
+        payload = json.loads(body)
+    except ValueError:
+        return body[:MAX_ERROR_CHARS]
+    error = payload.get("error") if isinstance(payload, dict) else None
+    if isinstance(error, dict) and error.get("message"):
+        code = error.get("code") or error.get("type")
+        message = f"{error['message']} [{code}]" if code else str(error["message"])
+        return message[:MAX_ERROR_CHARS]
+    return body[:MAX_ERROR_CHARS]

@@ -1,0 +1,119 @@
+"""Run the latency lab's variants end to end: start each service variant, load it, stop it.
+
+    python -m bench.suite --plan quick --out bench-results/quick
+
+Every variant is a config change (bench.variant overrides on serve_config.yaml), started
+with `serve run` like a user would. Compression methods are per request, so one service
+start covers all of them; prefix caching needs its own start. Results: one JSON and one
+Markdown file per load point (bench.latency), and SUMMARY.md concatenating the tables.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+from bench import latency
+from bench.service import ROOT, free_port, running_service
+from bench.variant import write_variant
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class LoadPoint:
+    label: str
+    argv: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class ServiceVariant:
+    name: str
+    overrides: dict[str, object]
+    loads: tuple[LoadPoint, ...] = field(default_factory=tuple)
+
+
+def _load(label: str, compression: str, concurrency: int, requests: int) -> LoadPoint:
+    return LoadPoint(
+        label,
+        (
+            "--compression", compression, "--concurrency", str(concurrency),
+            "--num-requests", str(requests), "--max-tokens", "32",
+        ),
+    )  # fmt: skip
+
+
+PLANS: dict[str, tuple[ServiceVariant, ...]] = {
+    "quick": (
+        ServiceVariant(
+            "naive",
+            {"generator.engine_kwargs.enable_prefix_caching": False},
+            (_load("naive-none-c1", "none", 1, 6),),
+        ),
+        ServiceVariant(
+            "default",
+            {},
+            (
+                _load("prefix-none-c1", "none", 1, 6),
+                _load("prefix-sentences-c1", "sentences", 1, 6),
+                _load("prefix-llmlingua-c1", "llmlingua", 1, 3),
+                _load("prefix-sentences-c4", "sentences", 4, 8),
+            ),
+        ),
+    ),
+}
+
+
+def run_plan(plan: Sequence[ServiceVariant], out_dir: Path, base_config: Path) -> Path:
+    """Start each variant, run its load points, and write SUMMARY.md; return its path."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for variant in plan:
+        port = free_port()
+        config = write_variant(
+            base_config, dict(variant.overrides), out_dir / f"{variant.name}.serve.yaml", port
+        )
+        started = time.perf_counter()
+        with running_service(config, port, out_dir / f"{variant.name}.serve.log") as url:
+            logger.info("%s ready in %.0f s", variant.name, time.perf_counter() - started)
+            _warm_up(url)
+            for load in variant.loads:
+                argv = ["--url", url, "--label", load.label, "--out", str(out_dir), *load.argv]
+                if latency.main(argv) != 0:
+                    logger.warning("%s: every request failed", load.label)
+    summary = out_dir / "SUMMARY.md"
+    tables = [
+        f"## {load.label}\n\n{(out_dir / f'{load.label}.md').read_text()}"
+        for variant in plan
+        for load in variant.loads
+        if (out_dir / f"{load.label}.md").exists()
+    ]
+    summary.write_text("# Latency lab results\n\n" + "\n".join(tables))
+    return summary
+
+
+def _warm_up(url: str) -> None:
+    """The first request after start pays kernel warm-up (tens of seconds on CPU)."""
+    body = {"question": "What is a KV cache?", "max_tokens": 4}
+    httpx.post(f"{url}/v1/rag/query", json=body, timeout=600).raise_for_status()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--plan", choices=sorted(PLANS), default="quick")
+    parser.add_argument("--out", type=Path, default=Path("bench-results/quick"))
+    parser.add_argument("--base-config", type=Path, default=ROOT / "serve_config.yaml")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    summary = run_plan(PLANS[args.plan], args.out, args.base_config)
+    print(summary.read_text())
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
