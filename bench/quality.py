@@ -1,0 +1,785 @@
+"""SQuAD answer quality of a running service, per retrieval depth and compression method.
+
+    python -m bench.quality prepare [--cache .cache/squad] [--index indexes/squad-dev]
+    python -m bench.quality run --url http://127.0.0.1:8000 [--api-key K] --questions 50 \\
+        --seed 0 --sweep quick|full --max-tokens 32 --out bench-results --label squad-quick
+
+`prepare` fetches SQuAD v1.1 dev (bench.squad), writes its paragraphs as a JSONL corpus and,
+only when the index is missing, builds it with the project's own `python -m retrieval.build`.
+The service must then serve that index: write a variant with
+`python -m bench.variant --set retriever.index_path=indexes/squad-dev --out ...` and start it.
+
+`run` samples questions with a seed and sends each one once per sweep point to
+POST /v1/rag/query (include_context, temperature 0, the point's top_k and compression), one
+request at a time, each with a timeout; a failed request is recorded, never retried. Per
+question it scores EM and F1 (best over the gold answers, citations stripped from the answer
+first), recall@k (the gold paragraph among the sources' doc ids; a SQuAD paragraph id is the
+corpus doc id), whether a gold answer survives in the context the model saw, the context tokens
+before and after compression, citation validity, and the service's timings. It writes
+`<out>/<label>.json` (config, per-question results, per-point summary), `<out>/<label>.md`
+(one table row per point) and, when matplotlib is importable, `<out>/<label>.png`
+(F1 against mean context tokens kept).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import logging
+import re
+import shlex
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+from pydantic import ValidationError
+
+from app.schemas import RagQueryResponse
+from bench.squad import (
+    DEFAULT_CACHE_DIR,
+    SQUAD_DEV_FILENAME,
+    SquadFetchError,
+    SquadFormatError,
+    SquadQuestion,
+    fetch_squad_dev,
+    load_squad,
+    sample_questions,
+    write_corpus_jsonl,
+)
+from bench.squad_metrics import (
+    answer_survives,
+    citation_validity,
+    cited_ids,
+    exact_match,
+    f1,
+    recall_at_k,
+)
+from retrieval.compression import CompressionMethod
+from retrieval.index import INDEX_FILE, MANIFEST_FILE
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_INDEX_DIR = Path("indexes/squad-dev")
+CORPUS_FILENAME = "squad-dev.jsonl"
+QUERY_PATH = "/v1/rag/query"
+READY_PATH = "/readyz"
+# The ingress gives up at 120 s by default (ingress.request_timeout_s); allow for the hop.
+DEFAULT_TIMEOUT_S = 180.0
+# Bracketed citations, as bench.squad_metrics counts them; removed before EM/F1 so that a
+# correct answer is not penalised for citing its source.
+_CITATION = re.compile(r"\[[^\[\]\n]+\](?!\()")
+_LABEL = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+_ERROR_TEXT_CHARS = 500
+
+CommandRunner = Callable[..., "subprocess.CompletedProcess[Any]"]
+SquadFetcher = Callable[[Path], Path]
+
+
+class QualityError(RuntimeError):
+    """The benchmark cannot go on (no data set, index build failed, service not ready)."""
+
+
+# --- sweep -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SweepPoint:
+    """One setting under test: retrieve `top_k` chunks, compress with `method` at `rate`."""
+
+    method: CompressionMethod
+    rate: float | None
+    top_k: int
+
+    @property
+    def name(self) -> str:
+        """A short label such as `sentences@0.5 k=3`."""
+        rate = "" if self.rate is None else f"@{self.rate:g}"
+        return f"{self.method}{rate} k={self.top_k}"
+
+    def compression(self) -> dict[str, Any]:
+        """The request's `compression` object."""
+        options: dict[str, Any] = {"method": self.method}
+        if self.rate is not None:
+            options["rate"] = self.rate
+        return options
+
+
+_FULL_METHODS: tuple[tuple[CompressionMethod, float | None], ...] = (
+    ("none", None),
+    ("sentences", 0.5),
+    ("sentences", 0.33),
+    ("llmlingua", 0.5),
+    ("llmlingua", 0.33),
+    ("sentences+llmlingua", 0.33),
+)
+SWEEPS: dict[str, tuple[SweepPoint, ...]] = {
+    "quick": (
+        SweepPoint("none", None, 3),
+        SweepPoint("sentences", 0.5, 3),
+        SweepPoint("llmlingua", 0.5, 3),
+    ),
+    "full": tuple(
+        SweepPoint(method, rate, top_k) for method, rate in _FULL_METHODS for top_k in (3, 5)
+    ),
+}
+
+
+# --- per-question results --------------------------------------------------------------------
+
+
+@dataclass
+class QuestionResult:
+    """One question at one sweep point. Metric fields are None when the request failed."""
+
+    point: str
+    method: str
+    rate: float | None
+    top_k: int
+    question_id: str
+    question: str
+    gold_answers: list[str]
+    gold_doc_id: str
+    status_code: int | None = None
+    error: str | None = None
+    client_ms: float | None = None
+    answer: str | None = None
+    exact_match: float | None = None
+    f1: float | None = None
+    recall: float | None = None
+    answer_survived: bool | None = None
+    citation_validity: float | None = None
+    citations: int | None = None
+    source_ids: list[str] = field(default_factory=list)
+    source_doc_ids: list[str] = field(default_factory=list)
+    context_tokens_before: int | None = None
+    context_tokens_after: int | None = None
+    prompt_tokens: int | None = None
+    cached_prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    retrieve_ms: float | None = None
+    compress_ms: float | None = None
+    ttft_ms: float | None = None
+    total_ms: float | None = None
+    tpot_ms: float | None = None
+
+    @property
+    def answered(self) -> bool:
+        return self.error is None
+
+
+def query_question(
+    client: httpx.Client,
+    question: SquadQuestion,
+    point: SweepPoint,
+    max_tokens: int,
+    timeout_s: float,
+    headers: dict[str, str] | None = None,
+) -> QuestionResult:
+    """Ask one question at one sweep point and score the reply; errors are recorded, not raised.
+
+    A transport error, a non-200 status or a body that is not a RagQueryResponse with `context`
+    yields a result with `error` set and no metrics.
+    """
+    result = QuestionResult(
+        point=point.name,
+        method=point.method,
+        rate=point.rate,
+        top_k=point.top_k,
+        question_id=question.question_id,
+        question=question.question,
+        gold_answers=list(question.gold_answers),
+        gold_doc_id=question.paragraph_id,
+    )
+    body = {
+        "question": question.question,
+        "top_k": point.top_k,
+        "compression": point.compression(),
+        "max_tokens": max_tokens,
+        "temperature": 0.0,
+        "include_context": True,
+    }
+    started = time.perf_counter()
+    try:
+        response = client.post(QUERY_PATH, json=body, headers=headers, timeout=timeout_s)
+    except httpx.HTTPError as exc:
+        result.error = f"{type(exc).__name__}: {exc}"
+        return result
+    finally:
+        result.client_ms = round((time.perf_counter() - started) * 1000, 1)
+    result.status_code = response.status_code
+    if response.status_code != 200:
+        result.error = f"HTTP {response.status_code}: {_error_text(response)}"
+        return result
+    try:
+        reply = RagQueryResponse.model_validate_json(response.content)
+    except ValidationError as exc:
+        result.error = f"malformed response: {exc.error_count()} problems, first {exc.errors()[0]}"
+        return result
+    if reply.context is None:
+        result.error = "response has no 'context'; the service ignores include_context"
+        return result
+    _score(result, reply, question, point)
+    return result
+
+
+def _error_text(response: httpx.Response) -> str:
+    try:
+        payload = response.json()
+        message = payload["error"]["message"]
+        if isinstance(message, str):
+            return message[:_ERROR_TEXT_CHARS]
+    except (ValueError, KeyError, TypeError):
+        pass
+    return response.text[:_ERROR_TEXT_CHARS]
+
+
+def _score(
+    result: QuestionResult, reply: RagQueryResponse, question: SquadQuestion, point: SweepPoint
+) -> None:
+    context = reply.context or []
+    answer_for_scoring = _CITATION.sub(" ", reply.answer)
+    result.answer = reply.answer
+    result.exact_match = exact_match(answer_for_scoring, question.gold_answers)
+    result.f1 = f1(answer_for_scoring, question.gold_answers)
+    result.source_ids = [source.id for source in reply.sources]
+    result.source_doc_ids = [source.doc_id for source in reply.sources]
+    result.recall = recall_at_k(result.source_doc_ids, question.paragraph_id, k=point.top_k)
+    # Newlines keep a gold answer from being "found" across the seam of two passages.
+    result.answer_survived = answer_survives(
+        "\n".join(passage.text for passage in context), question.gold_answers
+    )
+    result.citation_validity = citation_validity(reply.answer, [p.id for p in context])
+    result.citations = len(cited_ids(reply.answer))
+    usage = reply.usage
+    result.context_tokens_before = usage.context_tokens_before
+    result.context_tokens_after = usage.context_tokens_after
+    result.prompt_tokens = usage.prompt_tokens
+    result.cached_prompt_tokens = usage.cached_prompt_tokens
+    result.completion_tokens = usage.completion_tokens
+    result.retrieve_ms = reply.timings_ms.retrieve
+    result.compress_ms = reply.timings_ms.compress
+    result.ttft_ms = reply.timings_ms.ttft
+    result.total_ms = reply.timings_ms.total
+    result.tpot_ms = reply.tpot_ms
+
+
+def check_ready(client: httpx.Client, timeout_s: float) -> None:
+    """Raise QualityError unless GET /readyz answers 200."""
+    try:
+        response = client.get(READY_PATH, timeout=timeout_s)
+    except httpx.HTTPError as exc:
+        raise QualityError(f"service not reachable: {type(exc).__name__}: {exc}") from exc
+    if response.status_code != 200:
+        raise QualityError(
+            f"service not ready: {READY_PATH} answered HTTP {response.status_code}: "
+            f"{response.text[:_ERROR_TEXT_CHARS]}"
+        )
+
+
+def run_sweep(
+    client: httpx.Client,
+    questions: Sequence[SquadQuestion],
+    points: Sequence[SweepPoint],
+    max_tokens: int,
+    timeout_s: float,
+    known_doc_ids: set[str],
+    headers: dict[str, str] | None = None,
+) -> list[QuestionResult]:
+    """Every question at every point, point by point, one request at a time.
+
+    `known_doc_ids` are the corpus's paragraph ids: if the first answered request retrieves
+    none of them, the service is serving another index and QualityError stops the run there.
+    """
+    results: list[QuestionResult] = []
+    total = len(questions) * len(points)
+    checked_index = False
+    for point in points:
+        for question in questions:
+            result = query_question(client, question, point, max_tokens, timeout_s, headers)
+            results.append(result)
+            if result.answered and not checked_index:
+                checked_index = True
+                if not known_doc_ids.intersection(result.source_doc_ids):
+                    raise QualityError(
+                        "the service's sources are not SQuAD paragraphs (got "
+                        f"{result.source_doc_ids[:3]}); serve the index `prepare` built "
+                        "(retriever.index_path, see bench.variant)"
+                    )
+            logger.info(
+                "[%d/%d] %s %s: %s",
+                len(results),
+                total,
+                point.name,
+                question.question_id,
+                result.error
+                or f"F1 {result.f1:.2f}, recall {result.recall:.0f}, TTFT {result.ttft_ms:.0f} ms",
+            )
+    return results
+
+
+# --- per-point summary -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PointSummary:
+    """Aggregates of one sweep point over the questions whose request succeeded.
+
+    `kept_ratio` is total context tokens after over total before; `citation_validity` is the
+    mean over answers that cite anything (`citing_answers` of them); medians are of the
+    service's own timings.
+    """
+
+    point: str
+    method: str
+    rate: float | None
+    top_k: int
+    questions: int
+    answered: int
+    errors: int
+    exact_match: float | None
+    f1: float | None
+    recall: float | None
+    answer_survival: float | None
+    context_tokens_before_mean: float | None
+    context_tokens_kept_mean: float | None
+    kept_ratio: float | None
+    citation_validity: float | None
+    citing_answers: int
+    ttft_ms_median: float | None
+    total_ms_median: float | None
+
+
+def summarize(
+    results: Sequence[QuestionResult], points: Sequence[SweepPoint]
+) -> list[PointSummary]:
+    """One PointSummary per point, in sweep order."""
+    summaries = []
+    for point in points:
+        mine = [r for r in results if r.point == point.name]
+        ok = [r for r in mine if r.answered]
+        before = [r.context_tokens_before for r in ok if r.context_tokens_before is not None]
+        after = [r.context_tokens_after for r in ok if r.context_tokens_after is not None]
+        validities = [r.citation_validity for r in ok if r.citation_validity is not None]
+        summaries.append(
+            PointSummary(
+                point=point.name,
+                method=point.method,
+                rate=point.rate,
+                top_k=point.top_k,
+                questions=len(mine),
+                answered=len(ok),
+                errors=len(mine) - len(ok),
+                exact_match=_mean(r.exact_match for r in ok),
+                f1=_mean(r.f1 for r in ok),
+                recall=_mean(r.recall for r in ok),
+                answer_survival=_mean(
+                    None if r.answer_survived is None else float(r.answer_survived) for r in ok
+                ),
+                context_tokens_before_mean=_mean(before),
+                context_tokens_kept_mean=_mean(after),
+                kept_ratio=sum(after) / sum(before) if sum(before) > 0 else None,
+                citation_validity=_mean(validities),
+                citing_answers=len(validities),
+                ttft_ms_median=_median(r.ttft_ms for r in ok),
+                total_ms_median=_median(r.total_ms for r in ok),
+            )
+        )
+    return summaries
+
+
+def _present(values: Iterable[float | int | None]) -> list[float]:
+    return [float(value) for value in values if value is not None]
+
+
+def _mean(values: Iterable[float | int | None]) -> float | None:
+    present = _present(values)
+    return statistics.fmean(present) if present else None
+
+
+def _median(values: Iterable[float | int | None]) -> float | None:
+    present = _present(values)
+    return statistics.median(present) if present else None
+
+
+# --- outputs ---------------------------------------------------------------------------------
+
+
+def render_markdown(config: dict[str, Any], summaries: Sequence[PointSummary]) -> str:
+    """The summary as a Markdown table, one row per sweep point, under a line of config."""
+    lines = [
+        f"# SQuAD quality: {config['label']}",
+        "",
+        f"{config['questions_sampled']} SQuAD v1.1 dev questions (seed {config['seed']}), "
+        f"sweep `{config['sweep']}`, max_tokens {config['max_tokens']}, temperature 0, "
+        f"service {config['url']}. Means are over answered requests; the kept ratio is total "
+        "context tokens after / before; citation validity is over answers that cite.",
+        "",
+        "| point | answered | errors | EM | F1 | recall@k | answer kept | context tokens "
+        "before → kept | kept ratio | citation validity (citing) | TTFT p50 ms | total p50 ms |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for s in summaries:
+        lines.append(
+            f"| {s.point} | {s.answered}/{s.questions} | {s.errors} | {_fmt(s.exact_match)} "
+            f"| {_fmt(s.f1)} | {_fmt(s.recall)} | {_fmt(s.answer_survival)} "
+            f"| {_fmt(s.context_tokens_before_mean, 0)} → {_fmt(s.context_tokens_kept_mean, 0)} "
+            f"| {_fmt(s.kept_ratio, 2)} | {_fmt(s.citation_validity)} ({s.citing_answers}) "
+            f"| {_fmt(s.ttft_ms_median, 0)} | {_fmt(s.total_ms_median, 0)} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def _fmt(value: float | None, digits: int = 3) -> str:
+    return "–" if value is None else f"{value:,.{digits}f}"
+
+
+def plot_f1_against_tokens(summaries: Sequence[PointSummary], path: Path) -> bool:
+    """Write F1 against mean context tokens kept, one marker per method; False without
+    matplotlib (it is optional and never installed by this tool)."""
+    if importlib.util.find_spec("matplotlib") is None:
+        logger.warning("matplotlib is not importable; skipping the plot %s", path)
+        return False
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    markers = {"none": "o", "sentences": "s", "llmlingua": "^", "sentences+llmlingua": "D"}
+    figure, axes = plt.subplots(figsize=(7, 4.5))
+    for method, marker in markers.items():
+        drawn = [
+            s
+            for s in summaries
+            if s.method == method and s.f1 is not None and s.context_tokens_kept_mean is not None
+        ]
+        if not drawn:
+            continue
+        axes.scatter(
+            [s.context_tokens_kept_mean for s in drawn],
+            [s.f1 for s in drawn],
+            marker=marker,
+            label=method,
+        )
+        for s in drawn:
+            rate = "" if s.rate is None else f" r={s.rate:g}"
+            axes.annotate(
+                f"k={s.top_k}{rate}",
+                (s.context_tokens_kept_mean, s.f1),
+                textcoords="offset points",
+                xytext=(4, 4),
+                fontsize=8,
+            )
+    axes.set_xlabel("mean context tokens kept")
+    axes.set_ylabel("F1")
+    axes.set_title("SQuAD F1 against context kept")
+    axes.grid(alpha=0.3)
+    axes.legend()
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
+    return True
+
+
+def write_outputs(
+    out_dir: Path,
+    label: str,
+    config: dict[str, Any],
+    results: Sequence[QuestionResult],
+    summaries: Sequence[PointSummary],
+) -> list[Path]:
+    """Write `<label>.json`, `<label>.md` and, with matplotlib, `<label>.png`; return them."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    json_path = out_dir / f"{label}.json"
+    json_path.write_text(
+        json.dumps(
+            {
+                "config": config,
+                "summary": [asdict(s) for s in summaries],
+                "results": [asdict(r) for r in results],
+            },
+            indent=2,
+            ensure_ascii=False,
+        ),
+        encoding="utf-8",
+    )
+    markdown_path = out_dir / f"{label}.md"
+    markdown_path.write_text(render_markdown(config, summaries), encoding="utf-8")
+    written = [json_path, markdown_path]
+    png_path = out_dir / f"{label}.png"
+    if plot_f1_against_tokens(summaries, png_path):
+        written.append(png_path)
+    return written
+
+
+# --- the two commands ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    """What `run` was asked to do (no secrets: the API key is not kept)."""
+
+    url: str
+    questions: int
+    seed: int
+    sweep: str
+    max_tokens: int
+    timeout_s: float
+    out_dir: Path
+    label: str
+    cache_dir: Path = DEFAULT_CACHE_DIR
+
+
+def run_quality(
+    settings: RunSettings, client: httpx.Client, api_key: str | None = None
+) -> list[Path]:
+    """Sample the questions, check the service is ready, run the sweep, write the outputs.
+
+    `client` is used as given (its base URL is the service); the key, when given, goes in an
+    `Authorization: Bearer` header on each query. Raises QualityError if the cached SQuAD set
+    is missing, the service is not ready, or it serves another index.
+    """
+    squad_path = settings.cache_dir / SQUAD_DEV_FILENAME
+    if not squad_path.is_file():
+        raise QualityError(f"{squad_path} not found; run `python -m bench.quality prepare`")
+    squad = load_squad(squad_path)
+    questions = sample_questions(squad, settings.questions, settings.seed)
+    points = SWEEPS[settings.sweep]
+    check_ready(client, settings.timeout_s)
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else None
+    logger.info(
+        "%d questions x %d points = %d requests, one at a time",
+        len(questions),
+        len(points),
+        len(questions) * len(points),
+    )
+    started_at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    started = time.perf_counter()
+    results = run_sweep(
+        client,
+        questions,
+        points,
+        settings.max_tokens,
+        settings.timeout_s,
+        {paragraph.paragraph_id for paragraph in squad.paragraphs},
+        headers,
+    )
+    summaries = summarize(results, points)
+    config = {
+        **{
+            key: str(value) if isinstance(value, Path) else value
+            for key, value in asdict(settings).items()
+        },
+        "squad_path": str(squad_path),
+        "questions_sampled": len(questions),
+        "question_ids": [question.question_id for question in questions],
+        "points": [{**asdict(point), "name": point.name} for point in points],
+        "started_at": started_at,
+        "elapsed_s": round(time.perf_counter() - started, 1),
+    }
+    return write_outputs(settings.out_dir, settings.label, config, results, summaries)
+
+
+@dataclass(frozen=True)
+class PrepareResult:
+    """What `prepare` found or made; `build_command` and `build_s` are None if it built
+    nothing."""
+
+    squad_path: Path
+    corpus_path: Path
+    index_dir: Path
+    manifest: dict[str, Any]
+    build_command: list[str] | None = None
+    build_s: float | None = None
+
+
+def build_command(corpus_dir: Path, index_dir: Path) -> list[str]:
+    """The project's own index build, run with this interpreter."""
+    return [
+        sys.executable,
+        "-m",
+        "retrieval.build",
+        "--input",
+        str(corpus_dir),
+        "--output",
+        str(index_dir),
+    ]
+
+
+def index_is_built(index_dir: Path) -> bool:
+    """Whether `index_dir` holds a saved index (its manifest and FAISS file)."""
+    return (index_dir / MANIFEST_FILE).is_file() and (index_dir / INDEX_FILE).is_file()
+
+
+def prepare(
+    cache_dir: Path = DEFAULT_CACHE_DIR,
+    index_dir: Path = DEFAULT_INDEX_DIR,
+    *,
+    fetch: SquadFetcher | None = None,
+    run_command: CommandRunner | None = None,
+) -> PrepareResult:
+    """Fetch SQuAD dev into `cache_dir`, (re)write `<cache_dir>/corpus/squad-dev.jsonl`, and
+    build the index into `index_dir` only if it is not already there.
+
+    `fetch` defaults to bench.squad.fetch_squad_dev and `run_command` to subprocess.run (both
+    injectable for tests). The build's output goes to this process's terminal. Raises
+    QualityError if the build fails or leaves no index.
+    """
+    fetch = fetch or fetch_squad_dev
+    run_command = run_command or subprocess.run
+    squad_path = fetch(cache_dir)
+    squad = load_squad(squad_path)
+    corpus_path = cache_dir / "corpus" / CORPUS_FILENAME
+    records = write_corpus_jsonl(squad, corpus_path)
+    logger.info("wrote %d paragraphs to %s", records, corpus_path)
+    command: list[str] | None = None
+    build_s: float | None = None
+    if index_is_built(index_dir):
+        logger.info("index already built at %s; not rebuilding", index_dir)
+    else:
+        _warn_about_other_documents(corpus_path)
+        command = build_command(corpus_path.parent, index_dir)
+        logger.info("building the index: %s", shlex.join(command))
+        started = time.perf_counter()
+        completed = run_command(command, check=False)
+        build_s = round(time.perf_counter() - started, 1)
+        if completed.returncode != 0:
+            raise QualityError(f"{shlex.join(command)} failed with exit {completed.returncode}")
+        if not index_is_built(index_dir):
+            raise QualityError(f"{shlex.join(command)} succeeded but left no index in {index_dir}")
+    manifest = _read_manifest(index_dir)
+    documents = manifest.get("extra", {}).get("num_documents")
+    if documents != len(squad.paragraphs):
+        logger.warning(
+            "%s holds %s documents but SQuAD dev has %d paragraphs; delete it to rebuild",
+            index_dir,
+            documents,
+            len(squad.paragraphs),
+        )
+    return PrepareResult(squad_path, corpus_path, index_dir, manifest, command, build_s)
+
+
+def _read_manifest(index_dir: Path) -> dict[str, Any]:
+    manifest: dict[str, Any] = json.loads((index_dir / MANIFEST_FILE).read_text(encoding="utf-8"))
+    return manifest
+
+
+def _warn_about_other_documents(corpus_path: Path) -> None:
+    # retrieval.build indexes every document file under the folder, not just ours.
+    others = [
+        path
+        for path in corpus_path.parent.rglob("*")
+        if path.is_file() and path != corpus_path and path.suffix in {".jsonl", ".txt", ".md"}
+    ]
+    if others:
+        logger.warning("%s also holds %s; they will be indexed too", corpus_path.parent, others)
+
+
+def _label(text: str) -> str:
+    if not _LABEL.fullmatch(text):
+        raise argparse.ArgumentTypeError(f"label {text!r}: use letters, digits, '.', '_', '-'")
+    return text
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    value = float(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be positive, got {value}")
+    return value
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.quality", description=__doc__.splitlines()[0]
+    )
+    commands = parser.add_subparsers(dest="command", required=True)
+    prepare_parser = commands.add_parser("prepare", help="fetch SQuAD dev, build its index")
+    prepare_parser.add_argument("--cache", type=Path, default=DEFAULT_CACHE_DIR)
+    prepare_parser.add_argument("--index", type=Path, default=DEFAULT_INDEX_DIR)
+
+    run_parser = commands.add_parser("run", help="score a running service on SQuAD questions")
+    run_parser.add_argument("--url", default="http://127.0.0.1:8000")
+    run_parser.add_argument("--api-key", default=None, help="sent as Authorization: Bearer")
+    run_parser.add_argument("--questions", type=_positive_int, default=50)
+    run_parser.add_argument("--seed", type=int, default=0)
+    run_parser.add_argument("--sweep", choices=sorted(SWEEPS), default="quick")
+    run_parser.add_argument("--max-tokens", type=_positive_int, default=32)
+    run_parser.add_argument(
+        "--timeout-s", type=_positive_float, default=DEFAULT_TIMEOUT_S, help="per request"
+    )
+    run_parser.add_argument("--cache", type=Path, default=DEFAULT_CACHE_DIR)
+    run_parser.add_argument("--out", type=Path, required=True, help="folder for the outputs")
+    run_parser.add_argument("--label", type=_label, required=True, help="output file stem")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None, *, client: httpx.Client | None = None) -> int:
+    """CLI entry point; `client` replaces the HTTP client `run` would open (for tests)."""
+    args = _parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    # httpx logs every request at INFO; the sweep logs its own line per request.
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    try:
+        if args.command == "prepare":
+            return _main_prepare(args)
+        return _main_run(args, client)
+    except (QualityError, SquadFetchError, SquadFormatError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+
+
+def _main_prepare(args: argparse.Namespace) -> int:
+    result = prepare(args.cache, args.index)
+    manifest = result.manifest
+    print(f"dev set: {result.squad_path}")
+    print(f"corpus:  {result.corpus_path}")
+    if result.build_command is None:
+        print(f"index:   {result.index_dir} (already built; delete it to rebuild)")
+    else:
+        print(f"index:   {result.index_dir} (built in {result.build_s:.1f} s)")
+        print(f"command: {shlex.join(result.build_command)}")
+    print(
+        f"manifest: {manifest.get('extra', {}).get('num_documents')} documents, "
+        f"{manifest.get('num_chunks')} chunks, {manifest.get('num_sentences')} sentences, "
+        f"{manifest.get('index', {}).get('kind')} index, {manifest.get('embedding_model')}"
+    )
+    return 0
+
+
+def _main_run(args: argparse.Namespace, client: httpx.Client | None) -> int:
+    settings = RunSettings(
+        url=args.url,
+        questions=args.questions,
+        seed=args.seed,
+        sweep=args.sweep,
+        max_tokens=args.max_tokens,
+        timeout_s=args.timeout_s,
+        out_dir=args.out,
+        label=args.label,
+        cache_dir=args.cache,
+    )
+    if client is not None:
+        written = run_quality(settings, client, args.api_key)
+    else:
+        with httpx.Client(base_url=args.url, timeout=args.timeout_s) as own_client:
+            written = run_quality(settings, own_client, args.api_key)
+    for path in written:
+        print(path)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
