@@ -15,7 +15,7 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export RAY_USAGE_STATS_ENABLED := 0
 
-.PHONY: setup install models index run test lint unit integration bench-quick stop clean
+.PHONY: setup install models index run test lint unit integration bench-quick eval-quick stop clean
 
 setup: install models index
 
@@ -63,6 +63,11 @@ test: setup lint
 # Latency lab, quick plan: two service variants started and stopped by the suite itself.
 bench-quick: setup
 	$(BIN)/python -m bench.suite --plan quick --out bench-results/quick
+
+# Quality lab, quick plan: SQuAD dev indexed once (about 4 minutes), 20 questions scored.
+eval-quick: setup
+	$(BIN)/python -m bench.quality prepare
+	$(BIN)/python -m bench.suite --plan eval-quick --out bench-results/eval-quick
 
 stop:
 	-$(BIN)/serve shutdown -y

@@ -1,6 +1,7 @@
 """Run the latency lab's variants end to end: start each service variant, load it, stop it.
 
     python -m bench.suite --plan quick --out bench-results/quick
+    python -m bench.suite --plan eval-quick --out bench-results/eval-quick
 
 Every variant is a config change (bench.variant overrides on serve_config.yaml), started
 with `serve run` like a user would. Compression methods are per request, so one service
@@ -19,7 +20,7 @@ from pathlib import Path
 
 import httpx
 
-from bench import latency
+from bench import latency, quality
 from bench.service import ROOT, free_port, running_service
 from bench.variant import write_variant
 
@@ -70,6 +71,38 @@ PLANS: dict[str, tuple[ServiceVariant, ...]] = {
 }
 
 
+@dataclass(frozen=True)
+class QualityPlan:
+    questions: int
+    sweep: str
+    max_tokens: int
+    index_path: str = "indexes/squad-dev"
+
+
+QUALITY_PLANS: dict[str, QualityPlan] = {
+    "eval-quick": QualityPlan(questions=20, sweep="quick", max_tokens=24),
+    "eval-full": QualityPlan(questions=300, sweep="full", max_tokens=32),
+}
+
+
+def run_quality(plan: QualityPlan, out_dir: Path, base_config: Path) -> Path:
+    """Serve the SQuAD index (bench.quality prepare builds it), score the sweep, stop."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    overrides: dict[str, object] = {"retriever.index_path": plan.index_path}
+    config = write_variant(base_config, overrides, out_dir / "squad.serve.yaml", port)
+    label = f"squad-{plan.sweep}-{plan.questions}q"
+    with running_service(config, port, out_dir / "squad.serve.log") as url:
+        _warm_up(url)
+        argv = [
+            "run", "--url", url, "--questions", str(plan.questions), "--sweep", plan.sweep,
+            "--max-tokens", str(plan.max_tokens), "--out", str(out_dir), "--label", label,
+        ]  # fmt: skip
+        if quality.main(argv) != 0:
+            logger.warning("quality run %s reported failures", label)
+    return out_dir / f"{label}.md"
+
+
 def run_plan(plan: Sequence[ServiceVariant], out_dir: Path, base_config: Path) -> Path:
     """Start each variant, run its load points, and write SUMMARY.md; return its path."""
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -105,12 +138,15 @@ def _warm_up(url: str) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--plan", choices=sorted(PLANS), default="quick")
+    parser.add_argument("--plan", choices=sorted(PLANS) + sorted(QUALITY_PLANS), default="quick")
     parser.add_argument("--out", type=Path, default=Path("bench-results/quick"))
     parser.add_argument("--base-config", type=Path, default=ROOT / "serve_config.yaml")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
-    summary = run_plan(PLANS[args.plan], args.out, args.base_config)
+    if args.plan in QUALITY_PLANS:
+        summary = run_quality(QUALITY_PLANS[args.plan], args.out, args.base_config)
+    else:
+        summary = run_plan(PLANS[args.plan], args.out, args.base_config)
     print(summary.read_text())
     return 0
 
