@@ -68,6 +68,26 @@ PLANS: dict[str, tuple[ServiceVariant, ...]] = {
             ),
         ),
     ),
+    # Speculative decoding is said to help at low load and hurt at high load: measure both.
+    "spec": (
+        ServiceVariant(
+            "no-spec",
+            {},
+            (_load("no-spec-c1", "sentences", 1, 6), _load("no-spec-c8", "sentences", 8, 16)),
+        ),
+        ServiceVariant(
+            "spec-ngram",
+            {
+                "generator.engine_kwargs.speculative_config": {
+                    "method": "ngram",
+                    "num_speculative_tokens": 4,
+                    "prompt_lookup_max": 4,
+                    "prompt_lookup_min": 2,
+                }
+            },
+            (_load("spec-c1", "sentences", 1, 6), _load("spec-c8", "sentences", 8, 16)),
+        ),
+    ),
 }
 
 

@@ -1,0 +1,42 @@
+"""Every variant of every plan must be a valid config before any service starts."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from app.config import parse_config
+from bench.suite import PLANS, QUALITY_PLANS
+from bench.variant import write_variant
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+@pytest.mark.parametrize(
+    "variant", [v for plan in PLANS.values() for v in plan], ids=lambda v: v.name
+)
+def test_every_variant_is_a_valid_serve_config(variant, tmp_path):
+    out = write_variant(
+        ROOT / "serve_config.yaml", dict(variant.overrides), tmp_path / "v.yaml", port=8123
+    )
+
+    written = yaml.safe_load(out.read_text())
+    assert written["http_options"]["port"] == 8123
+    config = parse_config(written["applications"][0]["args"])
+    for key, value in variant.overrides.items():
+        node = config.model_dump()
+        for part in key.split("."):
+            node = node[part]
+        assert node == value
+
+
+def test_load_point_labels_are_unique_within_a_plan():
+    for plan in PLANS.values():
+        labels = [load.label for variant in plan for load in variant.loads]
+        assert len(labels) == len(set(labels))
+
+
+def test_quality_plans_serve_the_squad_index():
+    assert {plan.index_path for plan in QUALITY_PLANS.values()} == {"indexes/squad-dev"}
