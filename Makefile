@@ -15,7 +15,7 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export RAY_USAGE_STATS_ENABLED := 0
 
-.PHONY: setup install models index run test lint unit integration bench-quick eval-quick stop clean
+.PHONY: setup install models models-qwen index run test lint unit integration bench-quick eval-quick stop clean
 
 setup: install models index
 
@@ -36,6 +36,11 @@ models: $(MODELS)
 $(MODELS): scripts/prepare_models.py | $(INSTALLED)
 	$(BIN)/python -m scripts.prepare_models --output .models --tiktoken-cache .cache/tiktoken
 	touch $@
+
+# Optional second generator (Qwen2.5-Coder-0.5B-Instruct, ~1.3 GB): for the labs' pairing of a
+# larger generator with the small LLMLingua scorer. Not needed by run or test.
+models-qwen: $(MODELS)
+	$(BIN)/python -m scripts.prepare_models --output .models --tiktoken-cache .cache/tiktoken --with-qwen
 
 index: $(INDEX)
 

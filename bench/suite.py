@@ -68,6 +68,21 @@ PLANS: dict[str, tuple[ServiceVariant, ...]] = {
             ),
         ),
     ),
+    # A generator larger than LLMLingua's scorer: where compression could pay for itself.
+    "qwen": (
+        ServiceVariant(
+            "qwen",
+            {
+                "generator.model_id": "qwen2.5-coder-0.5b-instruct",
+                "generator.model_source": ".models/qwen2.5-coder-0.5b-instruct",
+            },
+            (
+                _load("qwen-none-c1", "none", 1, 5),
+                _load("qwen-sentences-c1", "sentences", 1, 5),
+                _load("qwen-llmlingua-c1", "llmlingua", 1, 3),
+            ),
+        ),
+    ),
     # Speculative decoding is said to help at low load and hurt at high load: measure both.
     "spec": (
         ServiceVariant(

