@@ -53,10 +53,10 @@ class PromptPreparer:
         self._chunk_compressor = chunk_compressor
         self._sentence_prefilter_rate = sentence_prefilter_rate
         self._reserved = tokenizer.reserved_strings()
-
-    @property
-    def system_prompt_tokens(self) -> int:
-        return self._tokenizer.count_chat([{"role": "system", "content": self._system_prompt}])
+        # The system prompt never changes: count it once, not on every readiness probe.
+        self.system_prompt_tokens = tokenizer.count_chat(
+            [{"role": "system", "content": system_prompt}]
+        )
 
     def prepare(
         self, question: str, retrieval: Retrieval, plan: CompressionPlan, max_output_tokens: int
