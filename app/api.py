@@ -239,9 +239,12 @@ def _plan(config: RagAppConfig, options: RagOptions) -> CompressionPlan:
     requested = options.compression
     defaults = config.compression
     method = (requested.method if requested else None) or defaults.default_method
+    policy = (requested.policy if requested else None) or defaults.policy
     if requested and (requested.rate is not None or requested.target_tokens is not None):
-        return CompressionPlan(method, requested.rate or defaults.rate, requested.target_tokens)
-    return CompressionPlan(method, defaults.rate, defaults.target_tokens)
+        return CompressionPlan(
+            method, requested.rate or defaults.rate, requested.target_tokens, policy
+        )
+    return CompressionPlan(method, defaults.rate, defaults.target_tokens, policy)
 
 
 async def _collect(state: ApiState, query: RagQuery):

@@ -13,6 +13,12 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from retrieval.compression import CompressionMethod
+from retrieval.cost_model import (
+    CompressionCostModel,
+    CompressionPolicy,
+    CompressorCost,
+    PrefillCost,
+)
 from retrieval.prompt import DEFAULT_SYSTEM_PROMPT
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
@@ -126,14 +132,62 @@ class LLMLinguaConfig(StrictModel):
     rank_method: Literal["longllmlingua", "llmlingua"] = Field(
         "longllmlingua", description="Question-aware LongLLMLingua or plain LLMLingua."
     )
+    condition_compare: bool = Field(
+        False,
+        description="Score each segment twice (with and without the question) to rank tokens "
+        "by the question's effect: twice the scorer time. See docs/benchmarks.md.",
+    )
+    iterative_size: int = Field(
+        200, ge=16, description="Tokens LLMLingua scores per forward pass (segment size)."
+    )
     device: str = Field("cpu", description="Device map for the scorer ('cpu', 'cuda').")
+    dtype: Literal["float32", "bfloat16"] = Field(
+        "float32", description="Scorer weights' dtype (bfloat16 pays only with AMX/AVX512-BF16)."
+    )
     torch_threads: int = Field(1, ge=1, description="Intra-op threads for the scorer on CPU.")
     tiktoken_cache_dir: str = Field(
         ".cache/tiktoken", description="Offline tiktoken cache holding cl100k_base."
     )
 
 
+class CompressorCostConfig(StrictModel):
+    ms_per_token: float = Field(..., ge=0, description="Milliseconds per context token.")
+    ms_per_chunk: float = Field(0.0, ge=0, description="Milliseconds per retrieved chunk.")
+
+
+class CostModelConfig(StrictModel):
+    """Coefficients of retrieval.cost_model, fitted per generator and machine by
+    `python -m bench.context_sweep`; the defaults were measured on the 2-core CPU default
+    (SmolLM2-135M fp32 generator, SmolLM2-135M LLMLingua scorer)."""
+
+    prefill_ms_per_token: float = Field(
+        3.4, ge=0, description="Generator prefill milliseconds per uncached prompt token."
+    )
+    prefill_ms_per_token_squared: float = Field(
+        0.0, ge=0, description="Quadratic term of prefill time (attention) per token squared."
+    )
+    sentences: CompressorCostConfig = Field(
+        CompressorCostConfig(ms_per_token=0.05), description="Sentence selection's own time."
+    )
+    llmlingua: CompressorCostConfig = Field(
+        CompressorCostConfig(ms_per_token=6.0), description="LLMLingua's own time."
+    )
+
+    def to_model(self) -> CompressionCostModel:
+        return CompressionCostModel(
+            prefill=PrefillCost(self.prefill_ms_per_token, self.prefill_ms_per_token_squared),
+            sentences=CompressorCost(self.sentences.ms_per_token, self.sentences.ms_per_chunk),
+            llmlingua=CompressorCost(self.llmlingua.ms_per_token, self.llmlingua.ms_per_chunk),
+        )
+
+
 class CompressionConfig(StrictModel):
+    policy: CompressionPolicy = Field(
+        "always",
+        description="'always' applies the method; 'auto' applies it only when the cost model "
+        "predicts a larger prefill saving than the compression costs, per request.",
+    )
+    cost_model: CostModelConfig = CostModelConfig()
     default_method: CompressionMethod = Field(
         "sentences",
         description="Method used when a request names none: none, sentences, llmlingua, "

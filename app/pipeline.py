@@ -14,7 +14,14 @@ from typing import Any, Protocol
 
 from app.errors import ApiError, StageError
 from app.log import get_logger
-from app.schemas import ContextPassage, RagQueryResponse, RagUsage, Source, Timings
+from app.schemas import (
+    CompressionDecisionInfo,
+    ContextPassage,
+    RagQueryResponse,
+    RagUsage,
+    Source,
+    Timings,
+)
 from retrieval.compression import CompressionPlan
 from retrieval.context import Retrieval
 from retrieval.preparation import PreparedPrompt
@@ -160,6 +167,7 @@ def _result(
         answer=answer,
         sources=sources,
         compression_method=prepared.method,
+        compression_decision=_decision_info(query.plan, prepared),
         context_truncated=prepared.truncated,
         finish_reason=finish_reason,
         usage=RagUsage(
@@ -181,6 +189,20 @@ def _result(
             if query.include_context
             else None
         ),
+    )
+
+
+def _decision_info(
+    plan: CompressionPlan, prepared: PreparedPrompt
+) -> CompressionDecisionInfo | None:
+    decision = prepared.decision
+    if decision is None:
+        return None
+    return CompressionDecisionInfo(
+        requested_method=plan.method,
+        compressed=decision.compress,
+        predicted_saving_ms=decision.predicted_saving_ms,
+        predicted_cost_ms=decision.predicted_cost_ms,
     )
 
 

@@ -7,6 +7,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from retrieval.compression import CompressionMethod
+from retrieval.cost_model import CompressionPolicy
 
 
 class _Strict(BaseModel):
@@ -17,6 +18,11 @@ class CompressionOptions(_Strict):
     method: CompressionMethod | None = Field(None, description="Overrides the default method.")
     rate: float | None = Field(None, gt=0, le=1, description="Fraction of context tokens kept.")
     target_tokens: int | None = Field(None, ge=1, description="Context tokens to keep.")
+    policy: CompressionPolicy | None = Field(
+        None,
+        description="'always', or 'auto': compress only when the predicted prefill saving "
+        "exceeds the compression's own predicted cost.",
+    )
 
     @model_validator(mode="after")
     def _one_target(self) -> CompressionOptions:
@@ -67,11 +73,21 @@ class Timings(BaseModel):
     total: float
 
 
+class CompressionDecisionInfo(BaseModel):
+    """Why the `auto` policy did or did not compress this request."""
+
+    requested_method: str
+    compressed: bool
+    predicted_saving_ms: float
+    predicted_cost_ms: float
+
+
 class RagQueryResponse(BaseModel):
     id: str
     answer: str
     sources: list[Source]
     compression_method: str
+    compression_decision: CompressionDecisionInfo | None = None
     context_truncated: bool
     finish_reason: str | None
     usage: RagUsage

@@ -15,7 +15,7 @@ from app.errors import StageError
 from app.log import get_logger
 from retrieval.compression import CompressionPlan
 from retrieval.context import Retrieval
-from retrieval.llmlingua_compressor import LLMLinguaCompressor
+from retrieval.llmlingua_compressor import LLMLinguaCompressor, LLMLinguaOptions
 from retrieval.models import resolve_model_reference
 from retrieval.preparation import PreparedPrompt, PromptPreparer, PromptTooLongError
 from retrieval.tokens import ServingTokenizer
@@ -41,9 +41,14 @@ class CompressorDeployment:
             settings = compression.llmlingua
             llmlingua = LLMLinguaCompressor.load(
                 resolve_model_reference(settings.model, PROJECT_ROOT),
+                LLMLinguaOptions(
+                    use_llmlingua2=settings.use_llmlingua2,
+                    rank_method=settings.rank_method,
+                    condition_compare=settings.condition_compare,
+                    iterative_size=settings.iterative_size,
+                ),
                 device=settings.device,
-                use_llmlingua2=settings.use_llmlingua2,
-                rank_method=settings.rank_method,
+                dtype=settings.dtype,
                 tiktoken_cache_dir=str(resolve_path(settings.tiktoken_cache_dir)),
             )
         self._preparer = PromptPreparer(
@@ -53,6 +58,7 @@ class CompressorDeployment:
             prompt.margin_tokens,
             llmlingua,
             compression.sentence_prefilter_rate,
+            compression.cost_model.to_model(),
         )
         self._llmlingua_loaded = llmlingua is not None
         system_tokens = self._preparer.system_prompt_tokens

@@ -39,6 +39,8 @@ class CompressionPlan:
     method: CompressionMethod
     rate: float = 0.5
     target_tokens: int | None = None
+    # "always", or "auto": only when retrieval.cost_model predicts it pays (PromptPreparer).
+    policy: str = "always"
 
     def target_for(self, tokens_before: int) -> int:
         if self.target_tokens is not None:

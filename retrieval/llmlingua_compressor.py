@@ -5,18 +5,36 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Literal
 
 logger = logging.getLogger(__name__)
+
+ScorerDType = Literal["float32", "bfloat16"]
+
+
+@dataclass(frozen=True)
+class LLMLinguaOptions:
+    """How LongLLMLingua scores tokens; each knob trades scorer time against selection quality.
+
+    `condition_compare` runs the scorer twice per segment (with and without the question in
+    front) to rank tokens by how much the question changes their perplexity; off, one pass
+    scores tokens conditioned on the question only. `iterative_size` is the segment LLMLingua
+    scores per forward pass.
+    """
+
+    use_llmlingua2: bool = False
+    rank_method: str = "longllmlingua"
+    condition_compare: bool = False
+    iterative_size: int = 200
 
 
 class LLMLinguaCompressor:
     """Compresses one chunk's text with LongLLMLingua (question-aware) or LLMLingua-2."""
 
-    def __init__(self, prompt_compressor: Any, use_llmlingua2: bool, rank_method: str) -> None:
+    def __init__(self, prompt_compressor: Any, options: LLMLinguaOptions) -> None:
         self._compressor = prompt_compressor
-        self._use_llmlingua2 = use_llmlingua2
-        self._rank_method = rank_method
+        self._options = options
         # One scorer model, one compression at a time: concurrent calls would only fight
         # over the same cores.
         self._lock = threading.Lock()
@@ -25,9 +43,9 @@ class LLMLinguaCompressor:
     def load(
         cls,
         model_path: str,
+        options: LLMLinguaOptions = LLMLinguaOptions(),
         device: str = "cpu",
-        use_llmlingua2: bool = False,
-        rank_method: str = "longllmlingua",
+        dtype: ScorerDType = "float32",
         tiktoken_cache_dir: str | None = None,
     ) -> LLMLinguaCompressor:
         """Load the scorer model. `tiktoken_cache_dir` must hold cl100k_base when offline."""
@@ -35,12 +53,20 @@ class LLMLinguaCompressor:
             # PromptCompressor's constructor asks tiktoken for cl100k_base; point it at the
             # prepared offline copy instead of the network.
             os.environ.setdefault("TIKTOKEN_CACHE_DIR", tiktoken_cache_dir)
+        import torch
         from llmlingua import PromptCompressor
 
         compressor = PromptCompressor(
-            model_name=model_path, device_map=device, use_llmlingua2=use_llmlingua2
+            model_name=model_path,
+            device_map=device,
+            model_config={"torch_dtype": getattr(torch, dtype)},
+            use_llmlingua2=options.use_llmlingua2,
         )
-        return cls(compressor, use_llmlingua2, rank_method)
+        return cls(compressor, options)
+
+    def with_options(self, options: LLMLinguaOptions) -> LLMLinguaCompressor:
+        """The same loaded scorer, scoring with other options."""
+        return LLMLinguaCompressor(self._compressor, options)
 
     def compress_chunk(self, question: str, text: str, rate: float) -> str:
         """Return `text` compressed to about `rate` of its tokens."""
@@ -48,7 +74,8 @@ class LLMLinguaCompressor:
             return self._compress(question, text, rate)
 
     def _compress(self, question: str, text: str, rate: float) -> str:
-        if self._use_llmlingua2:
+        options = self._options
+        if options.use_llmlingua2:
             result = self._compressor.compress_prompt(
                 [text], rate=rate, force_tokens=["\n", "?", "."], drop_consecutive=True
             )
@@ -57,10 +84,11 @@ class LLMLinguaCompressor:
                 [text],
                 question=question,
                 rate=rate,
-                rank_method=self._rank_method,
+                rank_method=options.rank_method,
                 use_context_level_filter=False,
                 condition_in_question="after_condition",
-                condition_compare=True,
+                condition_compare=options.condition_compare,
+                iterative_size=options.iterative_size,
                 concate_question=False,
             )
         return str(result["compressed_prompt"])

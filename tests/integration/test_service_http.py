@@ -118,6 +118,26 @@ def test_compression_shrinks_context_and_keeps_valid_source_ids(client, chunk_id
     assert all(p["text"].strip() for p in passages)
 
 
+@pytest.mark.parametrize("method", ["sentences", "llmlingua"])
+def test_auto_policy_compresses_only_when_its_cost_model_says_it_pays(client, method):
+    body = ask(client, top_k=3, max_tokens=4, compression={"method": method, "policy": "auto"})
+    decision = body["compression_decision"]
+    assert decision["requested_method"] == method
+    assert decision["compressed"] is (
+        decision["predicted_saving_ms"] > decision["predicted_cost_ms"]
+    )
+    usage = body["usage"]
+    if decision["compressed"]:
+        assert body["compression_method"] == method
+        assert usage["context_tokens_after"] < usage["context_tokens_before"]
+    else:
+        assert body["compression_method"] == "none"
+        assert body["timings_ms"]["compress"] < 50
+        assert usage["context_tokens_after"] == usage["context_tokens_before"]
+    if method == "sentences":  # dot products against a prefill saving: always worth it
+        assert decision["compressed"] is True
+
+
 def test_overflowing_context_is_cut_to_the_token_budget(client, service):
     body = ask(client, top_k=20, max_tokens=256, compression={"method": "none"})
     assert body["context_truncated"] is True

@@ -20,6 +20,7 @@ from app.readiness import Readiness
 from app.settings import Settings
 from retrieval.compression import CompressionPlan
 from retrieval.context import ContextChunk, Retrieval
+from retrieval.cost_model import CompressionDecision
 from retrieval.preparation import PreparedPrompt
 from retrieval.prompt import build_messages
 
@@ -47,6 +48,7 @@ class FakeStages:
     retrieve_result: Retrieval | StageError | Exception | None = None
     prepare_result: PreparedPrompt | StageError | Exception | None = None
     events: tuple[Any, ...] = DEFAULT_EVENTS
+    decision: CompressionDecision | None = None
     calls: list[tuple[str, tuple]] = field(default_factory=list)
 
     async def retrieve(self, question: str, top_k: int) -> Retrieval | StageError:
@@ -71,6 +73,7 @@ class FakeStages:
             context_tokens_after=22,
             compress_ms=0.3,
             truncated=False,
+            decision=self.decision,
         )
 
     async def generate(

@@ -161,6 +161,10 @@ def test_query_returns_answer_sources_usage_and_timings(client, stages):
         ),
         ({"compression": {"rate": 0.3}}, CompressionPlan("sentences", 0.3, None)),
         ({"compression": {"method": "llmlingua"}}, CompressionPlan("llmlingua", 0.5, None)),
+        (
+            {"compression": {"method": "llmlingua", "policy": "auto"}},
+            CompressionPlan("llmlingua", 0.5, None, "auto"),
+        ),
     ],
 )
 def test_request_options_reach_the_stages(client, stages, options, plan):
@@ -480,3 +484,10 @@ def test_context_is_returned_only_when_asked(client):
     assert plain["context"] is None
     assert [passage["id"] for passage in asked["context"]] == [s["id"] for s in asked["sources"]]
     assert all(passage["text"] for passage in asked["context"])
+
+
+def test_an_unknown_compression_policy_is_a_400_naming_the_field(client):
+    response = client.post(QUERY, json={"question": "Q?", "compression": {"policy": "maybe"}})
+
+    assert response.status_code == 400
+    assert "policy" in response.json()["error"]["message"]

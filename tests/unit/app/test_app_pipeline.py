@@ -17,6 +17,7 @@ from app.pipeline import (
     tpot_ms,
 )
 from retrieval.compression import CompressionPlan
+from retrieval.cost_model import CompressionDecision
 
 
 @pytest.mark.parametrize(
@@ -106,3 +107,30 @@ def test_error_after_the_first_token_is_an_event_that_ends_the_stream(stages):
 
     assert [type(e) for e in events] == [SourcesEvent, TokenEvent, ErrorEvent]
     assert (events[-1].error.status, events[-1].error.type) == (400, "BadRequestError")
+
+
+def test_the_auto_decision_is_reported_with_the_requested_method(stages):
+    decision = CompressionDecision(False, predicted_saving_ms=120.0, predicted_cost_ms=900.0)
+    stages.decision = decision
+    auto = RagQuery("Q?", 5, CompressionPlan("llmlingua", policy="auto"), 64, 0.0, "req-2")
+
+    events = asyncio.run(_collect(RagPipeline(stages), auto))
+
+    info = events[-1].result.compression_decision
+    assert info is not None
+    assert info.model_dump() == {
+        "requested_method": "llmlingua",
+        "compressed": False,
+        "predicted_saving_ms": 120.0,
+        "predicted_cost_ms": 900.0,
+    }
+
+
+def test_no_decision_is_reported_under_the_always_policy(stages):
+    events = asyncio.run(collect(RagPipeline(stages)))
+
+    assert events[-1].result.compression_decision is None
+
+
+async def _collect(pipeline: RagPipeline, rag_query: RagQuery) -> list:
+    return [event async for event in pipeline.run(rag_query)]

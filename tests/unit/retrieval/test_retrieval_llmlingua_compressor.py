@@ -6,7 +6,7 @@ passes; LLMLingua itself runs in the integration tests.
 
 from __future__ import annotations
 
-from retrieval.llmlingua_compressor import LLMLinguaCompressor
+from retrieval.llmlingua_compressor import LLMLinguaCompressor, LLMLinguaOptions
 
 
 class RecordingPromptCompressor:
@@ -20,7 +20,7 @@ class RecordingPromptCompressor:
 
 def test_longllmlingua_is_question_aware_and_keeps_the_question_out_of_the_output():
     backend = RecordingPromptCompressor()
-    compressor = LLMLinguaCompressor(backend, use_llmlingua2=False, rank_method="longllmlingua")
+    compressor = LLMLinguaCompressor(backend, LLMLinguaOptions(rank_method="longllmlingua"))
 
     assert compressor.compress_chunk("What is KV?", "Long text here.", 0.4) == "short"
 
@@ -30,11 +30,23 @@ def test_longllmlingua_is_question_aware_and_keeps_the_question_out_of_the_outpu
     assert kwargs["rate"] == 0.4
     assert kwargs["rank_method"] == "longllmlingua"
     assert kwargs["concate_question"] is False
+    assert kwargs["condition_compare"] is False
+    assert kwargs["iterative_size"] == 200
+
+
+def test_the_scoring_knobs_reach_llmlingua():
+    backend = RecordingPromptCompressor()
+    options = LLMLinguaOptions(condition_compare=True, iterative_size=512)
+    LLMLinguaCompressor(backend, options).compress_chunk("Q?", "Text.", 0.5)
+
+    [(_, kwargs)] = backend.calls
+    assert kwargs["condition_compare"] is True
+    assert kwargs["iterative_size"] == 512
 
 
 def test_llmlingua2_is_question_agnostic_and_keeps_punctuation():
     backend = RecordingPromptCompressor()
-    compressor = LLMLinguaCompressor(backend, use_llmlingua2=True, rank_method="longllmlingua")
+    compressor = LLMLinguaCompressor(backend, LLMLinguaOptions(use_llmlingua2=True))
 
     compressor.compress_chunk("What is KV?", "Long text here.", 0.5)
 

@@ -10,6 +10,7 @@ import pytest
 
 from retrieval.compression import CompressionPlan
 from retrieval.context import ContextChunk, Retrieval
+from retrieval.cost_model import CompressionCostModel, CompressorCost, PrefillCost
 from retrieval.preparation import PromptPreparer, PromptTooLongError
 from retrieval.prompt import DEFAULT_SYSTEM_PROMPT, build_messages
 
@@ -195,3 +196,75 @@ def test_default_system_prompt_fills_a_cpu_kv_block_and_is_a_stable_prefix():
     assert prompts[0][: len(system_ids)] == prompts[1][: len(system_ids)] == system_ids
     assert prompts[0] != prompts[1]
     assert "<|im_end|>" in tokenizer.reserved_strings()
+
+
+class HalvingCompressor:
+    """Keeps the first half of each chunk's words."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def compress_chunk(self, question: str, text: str, rate: float) -> str:
+        self.calls += 1
+        words = text.split()
+        return " ".join(words[: len(words) // 2])
+
+
+def cost_model(prefill_ms_per_token: float) -> CompressionCostModel:
+    return CompressionCostModel(
+        prefill=PrefillCost(prefill_ms_per_token),
+        sentences=CompressorCost(0.0),
+        llmlingua=CompressorCost(ms_per_token=5.0),
+    )
+
+
+@pytest.mark.parametrize(
+    ("prefill_ms_per_token", "compressed"),
+    # 36 context tokens, half kept: saving 18 * prefill, cost 36 * 5 = 180 ms.
+    [(2.0, False), (20.0, True)],
+)
+def test_auto_compresses_only_when_the_predicted_saving_exceeds_the_cost(
+    plain_chunks, prefill_ms_per_token, compressed
+):
+    compressor = HalvingCompressor()
+    preparer = PromptPreparer(
+        WordTokenizer(),
+        SYSTEM,
+        max_model_len=2048,
+        chunk_compressor=compressor,
+        cost_model=cost_model(prefill_ms_per_token),
+    )
+    plan = CompressionPlan("llmlingua", rate=0.5, policy="auto")
+
+    prepared = preparer.prepare("Which?", retrieval(*plain_chunks), plan, 64)
+
+    assert prepared.decision is not None
+    assert prepared.decision.compress is compressed
+    assert prepared.decision.predicted_cost_ms == pytest.approx(180.0)
+    assert prepared.decision.predicted_saving_ms == pytest.approx(18 * prefill_ms_per_token)
+    assert prepared.method == ("llmlingua" if compressed else "none")
+    assert (compressor.calls > 0) is compressed
+    assert (prepared.context_tokens_after < 36) is compressed
+
+
+def test_always_compresses_without_asking_the_cost_model(plain_chunks):
+    compressor = HalvingCompressor()
+    preparer = PromptPreparer(
+        WordTokenizer(), SYSTEM, max_model_len=2048, chunk_compressor=compressor
+    )
+
+    prepared = preparer.prepare(
+        "Which?", retrieval(*plain_chunks), CompressionPlan("llmlingua", rate=0.5), 64
+    )
+
+    assert prepared.decision is None
+    assert prepared.method == "llmlingua"
+    assert compressor.calls == len(plain_chunks)
+
+
+def test_auto_without_a_cost_model_is_a_value_error(plain_chunks):
+    preparer = PromptPreparer(WordTokenizer(), SYSTEM, max_model_len=2048)
+    plan = CompressionPlan("sentences", policy="auto")
+
+    with pytest.raises(ValueError, match="needs a cost model"):
+        preparer.prepare("Which?", retrieval(*plain_chunks), plan, 64)
