@@ -137,8 +137,11 @@ class LLMLinguaConfig(StrictModel):
         description="Score each segment twice (with and without the question) to rank tokens "
         "by the question's effect: twice the scorer time. See docs/benchmarks.md.",
     )
-    iterative_size: int = Field(
-        200, ge=16, description="Tokens LLMLingua scores per forward pass (segment size)."
+    iterative_size: int | None = Field(
+        None,
+        ge=16,
+        description="Tokens LLMLingua scores per forward pass; unset sizes it to each chunk, "
+        "the only setting where LLMLingua 0.2.2 keeps the asked rate on chunk-sized contexts.",
     )
     device: str = Field("cpu", description="Device map for the scorer ('cpu', 'cuda').")
     dtype: Literal["float32", "bfloat16"] = Field(

@@ -13,6 +13,9 @@ class RecordingPromptCompressor:
     def __init__(self) -> None:
         self.calls: list[tuple[list[str], dict]] = []
 
+    def get_token_length(self, text: str) -> int:
+        return len(text.split())
+
     def compress_prompt(self, context: list[str], **kwargs) -> dict:
         self.calls.append((context, kwargs))
         return {"compressed_prompt": "short", "origin_tokens": 10}
@@ -31,7 +34,8 @@ def test_longllmlingua_is_question_aware_and_keeps_the_question_out_of_the_outpu
     assert kwargs["rank_method"] == "longllmlingua"
     assert kwargs["concate_question"] is False
     assert kwargs["condition_compare"] is False
-    assert kwargs["iterative_size"] == 200
+    # One segment sized to the chunk (3 words + LLMLingua's 2), so the rate holds.
+    assert kwargs["iterative_size"] == 5
 
 
 def test_the_scoring_knobs_reach_llmlingua():
