@@ -11,7 +11,8 @@ with `time.perf_counter` as events arrive:
 - E2E: send -> `data: [DONE]` (or the connection closing, or the failure); the rest of the
   body is then read so that HTTP/1.1 can reuse the connection;
 - output tokens: `usage.completion_tokens` from the server's final event when present, else
-  the number of content deltas.
+  the number of content deltas; `usage.prompt_tokens` and the cached prompt tokens are kept
+  as the server reports them.
 
 Requests are bounded: each by `request_timeout_s`, the run by `deadline_s`; requests not
 started by the deadline are recorded as not sent. Nothing is retried, a 503 included.
@@ -23,6 +24,8 @@ Endpoints (see README and app/rag_format.py, app/openai_format.py for the stream
 - "chat": POST /v1/chat/completions, OpenAI chunks with `stream_options.include_usage`; the
           retrieval options ride in `rag`; the finish chunk's `rag` carries timings_ms and
           tpot_ms, the usage chunk the token count; a late failure is a `data: {"error"}`.
+          A spec may carry the `messages` themselves (no `rag` options): then the same
+          requests go to any OpenAI-compatible server, vLLM's own included.
 """
 
 from __future__ import annotations
@@ -63,6 +66,17 @@ class RequestSpec:
     compression_method: str | None = None
     compression_rate: float | None = None
     model: str = DEFAULT_CHAT_MODEL
+    # Chat endpoint only: the messages to send as they are, in place of one user message
+    # holding `question` (which then only labels the record). For a model server with no
+    # RAG chain in front, e.g. the final prompts sent straight to vLLM (bench.direct).
+    messages: tuple[dict[str, str], ...] | None = None
+    temperature: float | None = None  # None: the server's default
+
+    def __post_init__(self) -> None:
+        if self.messages is not None and self.endpoint != "chat":
+            raise ValueError("messages apply to the chat endpoint only")
+        if self.messages is not None and not self.messages:
+            raise ValueError("messages must not be empty")
 
 
 @dataclass
@@ -82,6 +96,8 @@ class RequestRecord:
     output_tokens: int = 0
     content_deltas: int = 0
     usage_completion_tokens: int | None = None
+    usage_prompt_tokens: int | None = None
+    usage_cached_prompt_tokens: int | None = None
     ok: bool = False
     status: int | None = None
     error_kind: str | None = None
@@ -102,14 +118,27 @@ def request_body(spec: RequestSpec) -> dict[str, Any]:
     }
     if compression:
         rag["compression"] = compression
+    sampling = {} if spec.temperature is None else {"temperature": spec.temperature}
     if spec.endpoint == "rag":
-        return {"question": spec.question, "max_tokens": spec.max_tokens, "stream": True, **rag}
+        return {
+            "question": spec.question,
+            "max_tokens": spec.max_tokens,
+            "stream": True,
+            **sampling,
+            **rag,
+        }
+    messages = (
+        [{"role": "user", "content": spec.question}]
+        if spec.messages is None
+        else [dict(message) for message in spec.messages]
+    )
     body: dict[str, Any] = {
         "model": spec.model,
-        "messages": [{"role": "user", "content": spec.question}],
+        "messages": messages,
         "max_tokens": spec.max_tokens,
         "stream": True,
         "stream_options": {"include_usage": True},
+        **sampling,
     }
     if rag:
         body["rag"] = rag
@@ -221,6 +250,8 @@ class _Stream:
     gaps_s: list[float] = field(default_factory=list)
     deltas: int = 0
     usage_tokens: int | None = None
+    prompt_tokens: int | None = None
+    cached_prompt_tokens: int | None = None
     timings_ms: dict[str, float] | None = None
     tpot_ms: float | None = None
     ended_at: float | None = None
@@ -238,8 +269,19 @@ class _Stream:
         self.deltas += 1
 
     def finals(self, usage: object, rag: object) -> None:
-        if isinstance(usage, dict) and isinstance(usage.get("completion_tokens"), int):
-            self.usage_tokens = usage["completion_tokens"]
+        if isinstance(usage, dict):
+            if isinstance(usage.get("completion_tokens"), int):
+                self.usage_tokens = usage["completion_tokens"]
+            if isinstance(usage.get("prompt_tokens"), int):
+                self.prompt_tokens = usage["prompt_tokens"]
+            # The RAG `done` event says cached_prompt_tokens; OpenAI usage nests cached_tokens.
+            details = usage.get("prompt_tokens_details")
+            cached = usage.get(
+                "cached_prompt_tokens",
+                details.get("cached_tokens") if isinstance(details, dict) else None,
+            )
+            if isinstance(cached, int):
+                self.cached_prompt_tokens = cached
         if not isinstance(rag, dict):
             return
         timings = rag.get("timings_ms")
@@ -314,6 +356,8 @@ def _fill(
     record.itl_ms = [gap * 1000 for gap in stream.gaps_s]
     record.content_deltas = stream.deltas
     record.usage_completion_tokens = stream.usage_tokens
+    record.usage_prompt_tokens = stream.prompt_tokens
+    record.usage_cached_prompt_tokens = stream.cached_prompt_tokens
     record.output_tokens = stream.deltas if stream.usage_tokens is None else stream.usage_tokens
     record.server_timings_ms = stream.timings_ms
     record.server_tpot_ms = stream.tpot_ms

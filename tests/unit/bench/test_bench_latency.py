@@ -244,6 +244,67 @@ def test_request_body_leaves_out_unset_options():
     }
 
 
+def test_chat_spec_can_carry_its_own_messages_and_temperature():
+    messages = (
+        {"role": "system", "content": "Answer from the sources."},
+        {"role": "user", "content": "Sources:\n...\n\nQuestion: What is TTFT?"},
+    )
+    spec = RequestSpec("chat", "What is TTFT?", 8, model="m", messages=messages, temperature=0.0)
+
+    body = request_body(spec)
+    assert body == {
+        "model": "m",
+        "messages": [dict(message) for message in messages],
+        "max_tokens": 8,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "temperature": 0.0,
+    }
+    # The body holds copies: a client that edits it cannot change the spec.
+    body["messages"][0]["content"] = "changed"
+    assert spec.messages is not None and spec.messages[0]["content"] == "Answer from the sources."
+    assert request_body(RequestSpec("rag", "q", 4, temperature=0.7))["temperature"] == 0.7
+    assert "temperature" not in request_body(CHAT)
+
+
+def test_messages_belong_to_the_chat_endpoint_and_must_not_be_empty():
+    with pytest.raises(ValueError, match="chat endpoint only"):
+        RequestSpec("rag", "q", 4, messages=({"role": "user", "content": "q"},))
+    with pytest.raises(ValueError, match="must not be empty"):
+        RequestSpec("chat", "q", 4, messages=())
+
+
+def test_chat_spec_with_messages_streams_and_records_prompt_tokens():
+    def steps(_: httpx.Request) -> list[Step]:
+        *body, _usage, done = chat_steps(["x", "y"], usage_tokens=2)
+        # vLLM's own usage chunk: cached tokens under prompt_tokens_details.
+        usage = {
+            "prompt_tokens": 912,
+            "completion_tokens": 2,
+            "total_tokens": 914,
+            "prompt_tokens_details": {"cached_tokens": 256},
+        }
+        return [*body, (0.0, chat_chunk(None, usage=usage)), done]
+
+    server = FakeServer(steps)
+    messages = ({"role": "system", "content": "s"}, {"role": "user", "content": "u"})
+    spec = RequestSpec("chat", "label", 8, messages=messages)
+    [record] = load(server, [spec])
+
+    assert record.ok, record.error
+    assert record.question == "label"
+    assert (record.usage_prompt_tokens, record.usage_cached_prompt_tokens) == (912, 256)
+    assert json.loads(server.requests[0].content)["messages"] == [dict(m) for m in messages]
+
+
+def test_rag_done_event_gives_prompt_and_cached_tokens():
+    [record] = load(FakeServer(lambda _: rag_steps(["a", "b"])), [RAG])
+    assert (record.usage_prompt_tokens, record.usage_cached_prompt_tokens) == (800, 256)
+    # A chat usage chunk without details: prompt tokens, no cached count.
+    [record] = load(FakeServer(lambda _: chat_steps(["a"], usage_tokens=1)), [CHAT])
+    assert (record.usage_prompt_tokens, record.usage_cached_prompt_tokens) == (800, None)
+
+
 # --- loadgen: failures ---------------------------------------------------------------------
 
 
