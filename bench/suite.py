@@ -106,17 +106,26 @@ PLANS: dict[str, tuple[ServiceVariant, ...]] = {
 }
 
 
+QWEN_GENERATOR: dict[str, object] = {
+    "generator.model_id": "qwen2.5-coder-0.5b-instruct",
+    "generator.model_source": ".models/qwen2.5-coder-0.5b-instruct",
+}
+
+
 @dataclass(frozen=True)
 class QualityPlan:
     questions: int
     sweep: str
     max_tokens: int
     index_path: str = "indexes/squad-dev"
+    overrides: dict[str, object] = field(default_factory=dict)
 
 
 QUALITY_PLANS: dict[str, QualityPlan] = {
-    "eval-quick": QualityPlan(questions=20, sweep="quick", max_tokens=24),
-    "eval-full": QualityPlan(questions=300, sweep="full", max_tokens=32),
+    "eval-quick": QualityPlan(questions=40, sweep="quick", max_tokens=16),
+    "eval-full": QualityPlan(questions=40, sweep="full", max_tokens=24),
+    # The larger reader (make models-qwen): a 135M model's weak answers hide differences.
+    "eval-qwen": QualityPlan(questions=30, sweep="qwen", max_tokens=24, overrides=QWEN_GENERATOR),
 }
 
 
@@ -124,11 +133,13 @@ def run_quality(plan: QualityPlan, out_dir: Path, base_config: Path) -> Path:
     """Serve the SQuAD index (bench.quality prepare builds it), score the sweep, stop."""
     out_dir.mkdir(parents=True, exist_ok=True)
     port = free_port()
-    overrides: dict[str, object] = {"retriever.index_path": plan.index_path}
+    overrides: dict[str, object] = {"retriever.index_path": plan.index_path, **plan.overrides}
     config = write_variant(base_config, overrides, out_dir / "squad.serve.yaml", port)
     label = f"squad-{plan.sweep}-{plan.questions}q"
+    if plan.overrides.get("generator.model_id"):
+        label += f"-{plan.overrides['generator.model_id']}"
     with running_service(config, port, out_dir / "squad.serve.log") as url:
-        _warm_up(url)
+        warm_up(url)
         argv = [
             "run", "--url", url, "--questions", str(plan.questions), "--sweep", plan.sweep,
             "--max-tokens", str(plan.max_tokens), "--out", str(out_dir), "--label", label,
@@ -149,7 +160,7 @@ def run_plan(plan: Sequence[ServiceVariant], out_dir: Path, base_config: Path) -
         started = time.perf_counter()
         with running_service(config, port, out_dir / f"{variant.name}.serve.log") as url:
             logger.info("%s ready in %.0f s", variant.name, time.perf_counter() - started)
-            _warm_up(url)
+            warm_up(url)
             for load in variant.loads:
                 argv = ["--url", url, "--label", load.label, "--out", str(out_dir), *load.argv]
                 if latency.main(argv) != 0:
@@ -165,9 +176,14 @@ def run_plan(plan: Sequence[ServiceVariant], out_dir: Path, base_config: Path) -
     return summary
 
 
-def _warm_up(url: str) -> None:
+# The warm-up request; bench.direct sends vLLM the same question's final prompt.
+WARM_UP_QUESTION = "What is a KV cache?"
+WARM_UP_MAX_TOKENS = 4
+
+
+def warm_up(url: str) -> None:
     """The first request after start pays kernel warm-up (tens of seconds on CPU)."""
-    body = {"question": "What is a KV cache?", "max_tokens": 4}
+    body = {"question": WARM_UP_QUESTION, "max_tokens": WARM_UP_MAX_TOKENS}
     httpx.post(f"{url}/v1/rag/query", json=body, timeout=600).raise_for_status()
 
 

@@ -418,8 +418,11 @@ def test_sweeps_hold_the_points_asked_for():
         ("llmlingua", 0.33),
         ("sentences+llmlingua", 0.33),
     ]
-    assert len(SWEEPS["full"]) == 12
-    assert full == {(m, r, k) for m, r in methods for k in (3, 5)}
+    # Every method at k=3; the main ones at k=5 too; no duplicates.
+    assert len(SWEEPS["full"]) == len(full) == 9
+    assert {(m, r, 3) for m, r in methods} <= full
+    assert {("none", None, 5), ("sentences", 0.5, 5), ("llmlingua", 0.5, 5)} <= full
+    assert {(p.method, p.rate) for p in SWEEPS["qwen"]} <= set(methods)
     assert SweepPoint("sentences+llmlingua", 0.33, 5).compression() == {
         "method": "sentences+llmlingua",
         "rate": 0.33,

