@@ -15,7 +15,7 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export RAY_USAGE_STATS_ENABLED := 0
 
-.PHONY: setup install models models-qwen index run test lint unit integration bench-quick eval-quick stop clean
+.PHONY: setup install models models-qwen index run test lint unit integration bench bench-quick eval eval-quick stop clean
 
 setup: install models index
 
@@ -69,10 +69,32 @@ test: setup lint
 bench-quick: setup
 	$(BIN)/python -m bench.suite --plan quick --out bench-results/quick
 
-# Quality lab, quick plan: SQuAD dev indexed once (about 4 minutes), 20 questions scored.
+# Latency lab, full run (about 90 minutes here; docs/benchmarks.md): every ablation. The Qwen
+# pairing needs `make models-qwen` and the context sweep the SQuAD index (bench.quality prepare).
+bench: setup models-qwen
+	$(BIN)/python -m bench.quality prepare
+	$(BIN)/python -m bench.suite --plan quick --out bench-results/quick
+	$(BIN)/python -m bench.llmlingua_speed --out bench-results/llmlingua-speed
+	$(BIN)/python -m bench.context_sweep --out bench-results/context-smollm2
+	$(BIN)/python -m bench.context_sweep --lengths 512 1024 2048 --repeats 1 \
+		--set generator.model_id=qwen2.5-coder-0.5b-instruct \
+		--set generator.model_source=.models/qwen2.5-coder-0.5b-instruct \
+		--out bench-results/context-qwen
+	$(BIN)/python -m bench.suite --plan qwen --out bench-results/qwen
+	$(BIN)/python -m bench.batching --out bench-results/batching
+	$(BIN)/python -m bench.direct --out bench-results/direct
+	$(BIN)/python -m bench.suite --plan spec --out bench-results/spec
+
+# Quality lab, quick plan: SQuAD dev indexed once (about 4 minutes), 40 questions scored.
 eval-quick: setup
 	$(BIN)/python -m bench.quality prepare
 	$(BIN)/python -m bench.suite --plan eval-quick --out bench-results/eval-quick
+
+# Quality lab, full sweep: 9 settings with SmolLM2, 5 with the Qwen reader (about an hour).
+eval: setup models-qwen
+	$(BIN)/python -m bench.quality prepare
+	$(BIN)/python -m bench.suite --plan eval-full --out bench-results/eval-full
+	$(BIN)/python -m bench.suite --plan eval-qwen --out bench-results/eval-qwen
 
 stop:
 	-$(BIN)/serve shutdown -y

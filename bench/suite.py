@@ -6,7 +6,8 @@
 Every variant is a config change (bench.variant overrides on serve_config.yaml), started
 with `serve run` like a user would. Compression methods are per request, so one service
 start covers all of them; prefix caching needs its own start. Results: one JSON and one
-Markdown file per load point (bench.latency), and SUMMARY.md concatenating the tables.
+Markdown file per load point (bench.latency), SUMMARY.md concatenating the tables, and the
+plots of bench.plots (concurrency.png, stages.png).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from pathlib import Path
 import httpx
 
 from bench import latency, quality
+from bench.plots import write_plots
 from bench.service import ROOT, free_port, running_service
 from bench.variant import write_variant
 
@@ -150,7 +152,7 @@ def run_quality(plan: QualityPlan, out_dir: Path, base_config: Path) -> Path:
 
 
 def run_plan(plan: Sequence[ServiceVariant], out_dir: Path, base_config: Path) -> Path:
-    """Start each variant, run its load points, and write SUMMARY.md; return its path."""
+    """Start each variant, run its load points, write SUMMARY.md and the plots; return its path."""
     out_dir.mkdir(parents=True, exist_ok=True)
     for variant in plan:
         port = free_port()
@@ -173,6 +175,8 @@ def run_plan(plan: Sequence[ServiceVariant], out_dir: Path, base_config: Path) -
         if (out_dir / f"{load.label}.md").exists()
     ]
     summary.write_text("# Latency lab results\n\n" + "\n".join(tables))
+    for path in write_plots(out_dir):
+        logger.info("wrote %s", path)
     return summary
 
 
