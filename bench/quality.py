@@ -537,6 +537,8 @@ class RunSettings:
     out_dir: Path
     label: str
     cache_dir: Path = DEFAULT_CACHE_DIR
+    # Any SQuAD-format JSON file; None: SQuAD v1.1 dev from the cache.
+    squad_file: Path | None = None
 
 
 def run_quality(
@@ -548,7 +550,7 @@ def run_quality(
     `Authorization: Bearer` header on each query. Raises QualityError if the cached SQuAD set
     is missing, the service is not ready, or it serves another index.
     """
-    squad_path = settings.cache_dir / SQUAD_DEV_FILENAME
+    squad_path = settings.squad_file or settings.cache_dir / SQUAD_DEV_FILENAME
     if not squad_path.is_file():
         raise QualityError(f"{squad_path} not found; run `python -m bench.quality prepare`")
     squad = load_squad(squad_path)
@@ -626,19 +628,24 @@ def prepare(
     *,
     fetch: SquadFetcher | None = None,
     run_command: CommandRunner | None = None,
+    squad_file: Path | None = None,
 ) -> PrepareResult:
     """Fetch SQuAD dev into `cache_dir`, (re)write `<cache_dir>/corpus/squad-dev.jsonl`, and
-    build the index into `index_dir` only if it is not already there.
+    build the index into `index_dir` only if it is not already there. With `squad_file`
+    (any SQuAD-format JSON), its paragraphs go to `<cache_dir>/corpus-<stem>/` instead.
 
     `fetch` defaults to bench.squad.fetch_squad_dev and `run_command` to subprocess.run (both
     injectable for tests). The build's output goes to this process's terminal. Raises
     QualityError if the build fails or leaves no index.
     """
-    fetch = fetch or fetch_squad_dev
     run_command = run_command or subprocess.run
-    squad_path = fetch(cache_dir)
+    if squad_file is not None:  # another SQuAD-format set: its own corpus folder
+        squad_path = squad_file
+        corpus_path = cache_dir / f"corpus-{squad_file.stem}" / f"{squad_file.stem}.jsonl"
+    else:
+        squad_path = (fetch or fetch_squad_dev)(cache_dir)
+        corpus_path = cache_dir / "corpus" / CORPUS_FILENAME
     squad = load_squad(squad_path)
-    corpus_path = cache_dir / "corpus" / CORPUS_FILENAME
     records = write_corpus_jsonl(squad, corpus_path)
     logger.info("wrote %d paragraphs to %s", records, corpus_path)
     command: list[str] | None = None
@@ -712,6 +719,9 @@ def _parser() -> argparse.ArgumentParser:
     prepare_parser = commands.add_parser("prepare", help="fetch SQuAD dev, build its index")
     prepare_parser.add_argument("--cache", type=Path, default=DEFAULT_CACHE_DIR)
     prepare_parser.add_argument("--index", type=Path, default=DEFAULT_INDEX_DIR)
+    prepare_parser.add_argument(
+        "--squad-file", type=Path, help="any SQuAD-format JSON (default: SQuAD v1.1 dev)"
+    )
 
     run_parser = commands.add_parser("run", help="score a running service on SQuAD questions")
     run_parser.add_argument("--url", default="http://127.0.0.1:8000")
@@ -724,6 +734,9 @@ def _parser() -> argparse.ArgumentParser:
         "--timeout-s", type=_positive_float, default=DEFAULT_TIMEOUT_S, help="per request"
     )
     run_parser.add_argument("--cache", type=Path, default=DEFAULT_CACHE_DIR)
+    run_parser.add_argument(
+        "--squad-file", type=Path, help="the set `prepare --squad-file` indexed (default: dev)"
+    )
     run_parser.add_argument("--out", type=Path, required=True, help="folder for the outputs")
     run_parser.add_argument("--label", type=_label, required=True, help="output file stem")
     return parser
@@ -745,7 +758,7 @@ def main(argv: Sequence[str] | None = None, *, client: httpx.Client | None = Non
 
 
 def _main_prepare(args: argparse.Namespace) -> int:
-    result = prepare(args.cache, args.index)
+    result = prepare(args.cache, args.index, squad_file=args.squad_file)
     manifest = result.manifest
     print(f"dev set: {result.squad_path}")
     print(f"corpus:  {result.corpus_path}")
@@ -773,6 +786,7 @@ def _main_run(args: argparse.Namespace, client: httpx.Client | None) -> int:
         out_dir=args.out,
         label=args.label,
         cache_dir=args.cache,
+        squad_file=args.squad_file,
     )
     if client is not None:
         written = run_quality(settings, client, args.api_key)

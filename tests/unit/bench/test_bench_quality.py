@@ -564,3 +564,22 @@ def test_variant_cli_reads_values_as_yaml_scalars(tmp_path, capsys):
     bad = ["--base", str(BASE_CONFIG), "--out", str(tmp_path / "x.yaml")]
     assert variant_main([*bad, "--set", "generator.modelid=x"]) == 2
     assert "unknown key 'generator.modelid'" in capsys.readouterr().err
+
+
+def test_any_squad_format_file_can_be_prepared_and_run(tmp_path, monkeypatch, fake_fetch):
+    other = tmp_path / "my-set.json"
+    other.write_text(json.dumps(TINY_SQUAD), encoding="utf-8")
+    build = FakeBuild()
+    monkeypatch.setattr(quality.subprocess, "run", build)
+    cache, index = tmp_path / "squad", tmp_path / "indexes" / "my-set"
+    argv = ["prepare", "--cache", str(cache), "--index", str(index), "--squad-file", str(other)]
+
+    assert quality.main(argv) == 0
+    assert fake_fetch == []  # nothing downloaded
+    assert build.commands[0][build.commands[0].index("--input") + 1] == str(cache / "corpus-my-set")
+    assert (cache / "corpus-my-set" / "my-set.jsonl").is_file()
+
+    empty_cache = tmp_path / "no-dev-here"
+    out = tmp_path / "out"
+    assert _run(FakeService(), empty_cache, out, "--squad-file", str(other)) == 0
+    assert json.loads((out / "tiny.json").read_text())["results"]
