@@ -3,7 +3,8 @@
     python -m bench.latency --url http://127.0.0.1:8000 [--api-key K] --endpoint rag|chat \\
         (--rate R | --concurrency C) --num-requests N --max-tokens M [--top-k K] \\
         [--compression none|sentences|llmlingua|sentences+llmlingua] [--rate-keep 0.5] \\
-        [--questions FILE] [--label NAME] [--slo-ttft-ms 5000 --slo-tpot-ms 200] --out DIR
+        [--questions FILE] [--first-question I] [--label NAME] \\
+        [--slo-ttft-ms 5000 --slo-tpot-ms 200] --out DIR
 
 Questions are taken in order, cycling, from FILE (one per line) or from a built-in list about
 LLM serving that the default corpus in data/corpus/ answers. Writes DIR/<label>.json
@@ -82,6 +83,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--compression", choices=COMPRESSION_METHODS)
     parser.add_argument("--rate-keep", type=float, help="fraction of context tokens kept")
     parser.add_argument("--questions", type=Path, help="file with one question per line")
+    parser.add_argument(
+        "--first-question", type=int, default=0, help="index of the first question used"
+    )
     parser.add_argument("--label", help="output file stem (default: from the settings)")
     parser.add_argument("--slo-ttft-ms", type=float, default=5000.0)
     parser.add_argument("--slo-tpot-ms", type=float, default=200.0)
@@ -133,11 +137,14 @@ def load_questions(path: Path) -> tuple[str, ...]:
 
 
 def build_specs(args: argparse.Namespace, questions: Sequence[str]) -> list[RequestSpec]:
-    """`args.num_requests` requests, cycling through `questions` in order."""
+    """`args.num_requests` requests, cycling through `questions` in order from the
+    `args.first_question`-th (so two load points of one service can avoid sending the same
+    prompt twice, which the prefix cache would answer)."""
+    first = getattr(args, "first_question", 0)
     return [
         RequestSpec(
             endpoint=args.endpoint,
-            question=questions[i % len(questions)],
+            question=questions[(first + i) % len(questions)],
             max_tokens=args.max_tokens,
             top_k=args.top_k,
             compression_method=args.compression,

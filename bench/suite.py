@@ -42,12 +42,21 @@ class ServiceVariant:
     loads: tuple[LoadPoint, ...] = field(default_factory=tuple)
 
 
-def _load(label: str, compression: str, concurrency: int, requests: int) -> LoadPoint:
+def _load(
+    label: str,
+    compression: str,
+    concurrency: int,
+    requests: int,
+    rate: float | None = None,
+    first_question: int = 0,
+) -> LoadPoint:
+    keep: tuple[str, ...] = () if rate is None else ("--rate-keep", str(rate))
+    keep += ("--first-question", str(first_question))
     return LoadPoint(
         label,
         (
             "--compression", compression, "--concurrency", str(concurrency),
-            "--num-requests", str(requests), "--max-tokens", "32",
+            "--num-requests", str(requests), "--max-tokens", "32", *keep,
         ),
     )  # fmt: skip
 
@@ -66,7 +75,9 @@ PLANS: dict[str, tuple[ServiceVariant, ...]] = {
                 _load("prefix-none-c1", "none", 1, 6),
                 _load("prefix-sentences-c1", "sentences", 1, 6),
                 _load("prefix-llmlingua-c1", "llmlingua", 1, 3),
-                _load("prefix-sentences-c4", "sentences", 4, 8),
+                _load("prefix-llmlingua33-c1", "llmlingua", 1, 3, rate=0.33),
+                # Not the questions of prefix-sentences-c1: their prompts are cached.
+                _load("prefix-sentences-c4", "sentences", 4, 8, first_question=6),
             ),
         ),
     ),
@@ -90,7 +101,10 @@ PLANS: dict[str, tuple[ServiceVariant, ...]] = {
         ServiceVariant(
             "no-spec",
             {},
-            (_load("no-spec-c1", "sentences", 1, 6), _load("no-spec-c8", "sentences", 8, 16)),
+            (
+                _load("no-spec-c1", "sentences", 1, 6),
+                _load("no-spec-c8", "sentences", 8, 14, first_question=6),
+            ),
         ),
         ServiceVariant(
             "spec-ngram",
@@ -102,7 +116,10 @@ PLANS: dict[str, tuple[ServiceVariant, ...]] = {
                     "prompt_lookup_min": 2,
                 }
             },
-            (_load("spec-c1", "sentences", 1, 6), _load("spec-c8", "sentences", 8, 16)),
+            (
+                _load("spec-c1", "sentences", 1, 6),
+                _load("spec-c8", "sentences", 8, 14, first_question=6),
+            ),
         ),
     ),
 }

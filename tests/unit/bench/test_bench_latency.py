@@ -637,3 +637,12 @@ def test_cli_refuses_bad_arguments(tmp_path, capsys, extra):
         latency.main([*base, *extra])
     assert exit_info.value.code == 2
     assert "error" in capsys.readouterr().err
+
+
+def test_load_points_can_start_at_another_question_and_cycle():
+    argv = "--url http://s --concurrency 2 --num-requests 4 --max-tokens 8 --first-question 2"
+    args = latency.build_parser().parse_args([*argv.split(), "--out", "x"])
+
+    specs = latency.build_specs(args, ("q0", "q1", "q2", "q3"))
+
+    assert [spec.question for spec in specs] == ["q2", "q3", "q0", "q1"]
