@@ -387,9 +387,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--base-config", type=Path, default=ROOT / "serve_config.yaml")
     parser.add_argument("--out", type=Path, default=Path("bench-results/context"))
+    parser.add_argument(
+        "--replot", action="store_true", help="only redraw OUT's plot from OUT/context.json"
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)
+    if args.replot:
+        saved = json.loads((args.out / "context.json").read_text())
+        _plot([Cell(**cell) for cell in saved["cells"]], args.out / "ttft_vs_context.png")
+        return 0
 
     overrides: dict[str, Any] = {
         "retriever.index_path": args.index,
@@ -466,16 +473,16 @@ def _plot(cells: Sequence[Cell], path: Path) -> None:
 
     series = {
         policy: [
-            (float(c.tokens_before), float(c.ttft_ms))
+            (float(c.length), float(c.ttft_ms))
             for c in cells
-            if c.policy == policy and c.tokens_before is not None and c.ttft_ms is not None
+            if c.policy == policy and c.ttft_ms is not None
         ]
         for policy in POLICIES
     }
     try:
         plot_lines(
             {k: v for k, v in series.items() if v},
-            "context tokens retrieved (median)",
+            "context tokens retrieved (target)",
             "TTFT ms (median)",
             "TTFT against context length, by compression policy",
             path,
