@@ -90,7 +90,8 @@ eval-quick: setup
 	$(BIN)/python -m bench.quality prepare
 	$(BIN)/python -m bench.suite --plan eval-quick --out bench-results/eval-quick
 
-# Quality lab, full sweep: 9 settings with SmolLM2, 5 with the Qwen reader (about an hour).
+# Quality lab, full sweep: 9 settings x 40 questions with SmolLM2, 5 x 20 with the Qwen reader
+# (about an hour).
 eval: setup models-qwen
 	$(BIN)/python -m bench.quality prepare
 	$(BIN)/python -m bench.suite --plan eval-full --out bench-results/eval-full

@@ -102,8 +102,8 @@ PLANS: dict[str, tuple[ServiceVariant, ...]] = {
             "no-spec",
             {},
             (
-                _load("no-spec-c1", "sentences", 1, 6),
-                _load("no-spec-c8", "sentences", 8, 14, first_question=6),
+                _load("no-spec-c1", "sentences", 1, 4),
+                _load("no-spec-c8", "sentences", 8, 8, first_question=6),
             ),
         ),
         ServiceVariant(
@@ -117,8 +117,8 @@ PLANS: dict[str, tuple[ServiceVariant, ...]] = {
                 }
             },
             (
-                _load("spec-c1", "sentences", 1, 6),
-                _load("spec-c8", "sentences", 8, 14, first_question=6),
+                _load("spec-c1", "sentences", 1, 4),
+                _load("spec-c8", "sentences", 8, 8, first_question=6),
             ),
         ),
     ),
@@ -144,7 +144,7 @@ QUALITY_PLANS: dict[str, QualityPlan] = {
     "eval-quick": QualityPlan(questions=40, sweep="quick", max_tokens=16),
     "eval-full": QualityPlan(questions=40, sweep="full", max_tokens=24),
     # The larger reader (make models-qwen): a 135M model's weak answers hide differences.
-    "eval-qwen": QualityPlan(questions=30, sweep="qwen", max_tokens=24, overrides=QWEN_GENERATOR),
+    "eval-qwen": QualityPlan(questions=20, sweep="qwen", max_tokens=24, overrides=QWEN_GENERATOR),
 }
 
 
