@@ -82,6 +82,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--top-k", type=int)
     parser.add_argument("--compression", choices=COMPRESSION_METHODS)
     parser.add_argument("--rate-keep", type=float, help="fraction of context tokens kept")
+    parser.add_argument(
+        "--policy",
+        choices=["always", "auto"],
+        help="compression policy (default: 'always' when --compression names a method)",
+    )
     parser.add_argument("--questions", type=Path, help="file with one question per line")
     parser.add_argument(
         "--first-question", type=int, default=0, help="index of the first question used"
@@ -149,6 +154,8 @@ def build_specs(args: argparse.Namespace, questions: Sequence[str]) -> list[Requ
             top_k=args.top_k,
             compression_method=args.compression,
             compression_rate=args.rate_keep,
+            # A named method is measured as such, whatever the service's default policy.
+            compression_policy=args.policy or ("always" if args.compression else None),
             model=args.model,
         )
         for i in range(args.num_requests)

@@ -65,6 +65,8 @@ class RequestSpec:
     top_k: int | None = None
     compression_method: str | None = None
     compression_rate: float | None = None
+    # "always" measures the method itself; "auto" lets the service's cost model decide.
+    compression_policy: str | None = None
     model: str = DEFAULT_CHAT_MODEL
     # Chat endpoint only: the messages to send as they are, in place of one user message
     # holding `question` (which then only labels the record). For a model server with no
@@ -113,7 +115,11 @@ def request_body(spec: RequestSpec) -> dict[str, Any]:
         rag["top_k"] = spec.top_k
     compression = {
         key: value
-        for key, value in (("method", spec.compression_method), ("rate", spec.compression_rate))
+        for key, value in (
+            ("method", spec.compression_method),
+            ("rate", spec.compression_rate),
+            ("policy", spec.compression_policy),
+        )
         if value is not None
     }
     if compression:

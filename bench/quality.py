@@ -104,8 +104,9 @@ class SweepPoint:
         return f"{self.method}{rate} k={self.top_k}"
 
     def compression(self) -> dict[str, Any]:
-        """The request's `compression` object."""
-        options: dict[str, Any] = {"method": self.method}
+        """The request's `compression` object: the method itself, never the service's
+        `auto` policy deciding to skip it."""
+        options: dict[str, Any] = {"method": self.method, "policy": "always"}
         if self.rate is not None:
             options["rate"] = self.rate
         return options

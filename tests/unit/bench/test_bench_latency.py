@@ -594,7 +594,8 @@ def test_cli_writes_result_table_and_advisor_input(monkeypatch, tmp_path, capsys
     body = json.loads(server.requests[0].content)
     options = body if endpoint == "rag" else body["rag"]
     assert options["top_k"] == 3
-    assert options["compression"] == {"method": "sentences", "rate": 0.5}
+    # A named method is measured as itself: the service's `auto` policy must not skip it.
+    assert options["compression"] == {"method": "sentences", "rate": 0.5, "policy": "always"}
 
     markdown = (out / "lab.md").read_text()
     assert "| metric (ms) | n | mean | p50 | p90 | p99 | max |" in markdown

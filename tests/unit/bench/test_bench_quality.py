@@ -329,9 +329,9 @@ def test_run_sends_each_sweep_points_options_one_request_per_question(squad_cach
     assert len(service.queries) == 9  # 3 questions x 3 points, the 503 not retried
     compressions = [json.loads(r.content)["compression"] for r in service.queries]
     assert compressions == (
-        [{"method": "none"}] * 3
-        + [{"method": "sentences", "rate": 0.5}] * 3
-        + [{"method": "llmlingua", "rate": 0.5}] * 3
+        [{"method": "none", "policy": "always"}] * 3
+        + [{"method": "sentences", "rate": 0.5, "policy": "always"}] * 3
+        + [{"method": "llmlingua", "rate": 0.5, "policy": "always"}] * 3
     )
     for request in service.queries:
         body = json.loads(request.content)
@@ -426,6 +426,7 @@ def test_sweeps_hold_the_points_asked_for():
     assert SweepPoint("sentences+llmlingua", 0.33, 5).compression() == {
         "method": "sentences+llmlingua",
         "rate": 0.33,
+        "policy": "always",
     }
 
 
