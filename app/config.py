@@ -160,20 +160,23 @@ class CompressorCostConfig(StrictModel):
 
 class CostModelConfig(StrictModel):
     """Coefficients of retrieval.cost_model, fitted per generator and machine by
-    `python -m bench.context_sweep`; the defaults were measured on the 2-core CPU default
-    (SmolLM2-135M fp32 generator, SmolLM2-135M LLMLingua scorer)."""
+    `python -m bench.context_sweep`; the defaults were fitted on the 2-core CPU default
+    (SmolLM2-135M fp32 generator, SmolLM2-135M LLMLingua scorer; docs/benchmarks.md)."""
 
     prefill_ms_per_token: float = Field(
-        3.4, ge=0, description="Generator prefill milliseconds per uncached prompt token."
+        2.957, ge=0, description="Generator prefill milliseconds per uncached prompt token."
     )
     prefill_ms_per_token_squared: float = Field(
-        0.0, ge=0, description="Quadratic term of prefill time (attention) per token squared."
+        0.0024868,
+        ge=0,
+        description="Quadratic term of prefill time (attention) per token squared.",
     )
     sentences: CompressorCostConfig = Field(
         CompressorCostConfig(ms_per_token=0.05), description="Sentence selection's own time."
     )
     llmlingua: CompressorCostConfig = Field(
-        CompressorCostConfig(ms_per_token=6.0), description="LLMLingua's own time."
+        CompressorCostConfig(ms_per_token=0.4007, ms_per_chunk=1093.65),
+        description="LLMLingua's own time.",
     )
 
     def to_model(self) -> CompressionCostModel:

@@ -45,7 +45,11 @@ def measure(url: str, api_key: str | None, repeats: int, max_tokens: int) -> dic
 def _query(client: httpx.Client, question: str, method: str, max_tokens: int) -> dict:
     response = client.post(
         "/v1/rag/query",
-        json={"question": question, "max_tokens": max_tokens, "compression": {"method": method}},
+        json={
+            "question": question,
+            "max_tokens": max_tokens,
+            "compression": {"method": method, "policy": "always"},
+        },
     )
     response.raise_for_status()
     body = response.json()

@@ -103,7 +103,8 @@ def test_system_prompt_is_cached_across_different_questions(client):
 
 @pytest.mark.parametrize("method", ["sentences", "llmlingua"])
 def test_compression_shrinks_context_and_keeps_valid_source_ids(client, chunk_ids, method):
-    compression = {"method": method, "rate": 0.5}
+    # "always": the method itself, not the shipped `auto` policy's call on it.
+    compression = {"method": method, "rate": 0.5, "policy": "always"}
     compressed = ask(client, top_k=2, max_tokens=8, compression=compression, include_context=True)
     uncompressed = ask(client, top_k=2, max_tokens=8, compression={"method": "none"})
     before = compressed["usage"]["context_tokens_before"]
