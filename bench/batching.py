@@ -781,7 +781,47 @@ def write_outputs(
     }
     json_path.write_text(json.dumps(payload, indent=2) + "\n")
     md_path.write_text(f"{_heading(config)}\n\n{table}\n")
-    return [json_path, md_path]
+    return [json_path, md_path, *plot_summaries(summaries, out_dir)]
+
+
+def plot_summaries(summaries: Sequence[RunSummary], out_dir: Path) -> list[Path]:
+    """batching_throughput.png and batching_ttft_p99.png against concurrency, one line per
+    side; none without matplotlib or with fewer than two concurrency levels."""
+    from bench.plots import plot_lines
+
+    figures = {
+        "batching_throughput.png": ("output tokens/s", lambda s: s.output_tokens_per_s),
+        "batching_ttft_p99.png": (
+            "p99 TTFT from t=0, ms",
+            lambda s: None if s.ttft_from_start_ms is None else s.ttft_from_start_ms.p99,
+        ),
+    }
+    written = []
+    for name, (ylabel, value_of) in figures.items():
+        series = {
+            side: [
+                (float(s.concurrency), float(value))
+                for s in summaries
+                if s.side == side and (value := value_of(s)) is not None
+            ]
+            for side in SIDES
+        }
+        if max((len(points) for points in series.values()), default=0) < 2:
+            continue
+        try:
+            plot_lines(
+                series,
+                "concurrency (requests in flight)",
+                ylabel,
+                f"Static vs continuous batching: {ylabel}",
+                out_dir / name,
+                log_x=True,
+            )
+        except (ImportError, ValueError) as error:
+            print(f"no plot {name}: {error}", file=sys.stderr)
+            continue
+        written.append(out_dir / name)
+    return written
 
 
 if __name__ == "__main__":

@@ -364,6 +364,9 @@ def test_cli_writes_json_and_markdown_and_prints_the_table(monkeypatch, tmp_path
     markdown = (out / "batching.md").read_text()
     assert "| 1 | static | 4/4 |" in markdown and "| 2 | continuous | 4/4 |" in markdown
     assert markdown.strip() in capsys.readouterr().out
+    # Two concurrency levels: throughput and p99 TTFT against concurrency, per side.
+    for name in ("batching_throughput.png", "batching_ttft_p99.png"):
+        assert (out / name).read_bytes().startswith(b"\x89PNG")
 
 
 def test_cli_exits_1_and_still_writes_when_a_side_fails(monkeypatch, tmp_path, capsys):
