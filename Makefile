@@ -85,7 +85,7 @@ bench: setup models-qwen
 	$(BIN)/python -m bench.direct --out bench-results/direct
 	$(BIN)/python -m bench.suite --plan spec --out bench-results/spec
 
-# Quality lab, quick plan: SQuAD dev indexed once (about 4 minutes), 30 questions x 3 settings.
+# Quality lab, quick plan: SQuAD dev indexed once (about 4 minutes), 25 questions x 3 settings.
 eval-quick: setup
 	$(BIN)/python -m bench.quality prepare
 	$(BIN)/python -m bench.suite --plan eval-quick --out bench-results/eval-quick

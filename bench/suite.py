@@ -141,8 +141,8 @@ class QualityPlan:
 
 
 QUALITY_PLANS: dict[str, QualityPlan] = {
-    # 30 questions: with LLMLingua at ~7 s a question, 50 would take ~14 minutes here.
-    "eval-quick": QualityPlan(questions=30, sweep="quick", max_tokens=16),
+    # 25 questions x 3 settings: ~15 s a question here, 50 would take ~15 minutes.
+    "eval-quick": QualityPlan(questions=25, sweep="quick", max_tokens=16),
     "eval-full": QualityPlan(questions=40, sweep="full", max_tokens=24),
     # The larger reader (make models-qwen): a 135M model's weak answers hide differences.
     "eval-qwen": QualityPlan(questions=20, sweep="qwen", max_tokens=24, overrides=QWEN_GENERATOR),
