@@ -63,8 +63,8 @@ from bench.stats import Distribution, Summary, markdown_table, percentile, summa
 from bench.suite import WARM_UP_MAX_TOKENS, WARM_UP_QUESTION, warm_up
 from bench.variant import write_variant
 from retrieval.compression import COMPRESSION_METHODS, CompressionMethod, CompressionPlan
-from retrieval.context import ContextChunk, Retrieval
-from retrieval.index import FaissIndex, SearchHit
+from retrieval.context import Retrieval
+from retrieval.index import FaissIndex
 from retrieval.models import resolve_model_reference
 
 logger = logging.getLogger(__name__)
@@ -240,24 +240,9 @@ def _retrieve(config: RagAppConfig, questions: Sequence[str]) -> list[Retrieval]
         started = time.perf_counter()
         vector = embedder.encode([question])[0]
         hits = index.search(vector[None, :], settings.default_top_k)[0]
-        chunks = tuple(_context_chunk(index, hit) for hit in hits)
+        chunks = tuple(index.context_chunk(hit) for hit in hits)
         retrievals.append(Retrieval(vector, chunks, (time.perf_counter() - started) * 1000))
     return retrievals
-
-
-def _context_chunk(index: FaissIndex, hit: SearchHit) -> ContextChunk:
-    # RetrieverDeployment._context_chunk, line for line.
-    stored = index.chunks[hit.position]
-    chunk = stored.chunk
-    return ContextChunk(
-        chunk_id=chunk.chunk_id,
-        doc_id=chunk.doc_id,
-        title=chunk.title,
-        text=chunk.text,
-        score=hit.score,
-        sentences=tuple(chunk.sentences),
-        sentence_embeddings=index.sentence_embeddings[list(stored.sentence_rows)],
-    )
 
 
 async def _prepare(

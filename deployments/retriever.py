@@ -11,9 +11,9 @@ from ray import serve
 from app.config import PROJECT_ROOT, RetrieverConfig, resolve_path
 from app.errors import StageError
 from app.log import get_logger
-from retrieval.context import ContextChunk, Retrieval
+from retrieval.context import Retrieval
 from retrieval.embedding import Embedder
-from retrieval.index import FaissIndex, SearchHit
+from retrieval.index import FaissIndex
 from retrieval.models import resolve_model_reference
 
 logger = get_logger(__name__)
@@ -55,21 +55,8 @@ class RetrieverDeployment:
         started = time.perf_counter()
         vector = await self._embed_batch(question)
         hits = await asyncio.to_thread(self._index.search, vector[None, :], top_k)
-        chunks = tuple(self._context_chunk(hit) for hit in hits[0])
+        chunks = tuple(self._index.context_chunk(hit) for hit in hits[0])
         return Retrieval(vector, chunks, (time.perf_counter() - started) * 1000)
 
     async def ready(self) -> dict:
         return {"chunks": len(self._index.chunks), "model": self._index.manifest.embedding_model}
-
-    def _context_chunk(self, hit: SearchHit) -> ContextChunk:
-        stored = self._index.chunks[hit.position]
-        chunk = stored.chunk
-        return ContextChunk(
-            chunk_id=chunk.chunk_id,
-            doc_id=chunk.doc_id,
-            title=chunk.title,
-            text=chunk.text,
-            score=hit.score,
-            sentences=tuple(chunk.sentences),
-            sentence_embeddings=self._index.sentence_embeddings[list(stored.sentence_rows)],
-        )

@@ -17,6 +17,7 @@ from typing import Literal
 import numpy as np
 
 from retrieval.chunking import Chunk
+from retrieval.context import ContextChunk
 
 logger = logging.getLogger(__name__)
 
@@ -127,6 +128,21 @@ class FaissIndex:
         if len(chunks) != faiss_index.ntotal:
             raise ValueError(f"{directory}: {len(chunks)} chunks but {faiss_index.ntotal} vectors")
         return cls(faiss_index, chunks, sentence_embeddings, manifest)
+
+    def context_chunk(self, hit: SearchHit) -> ContextChunk:
+        """A search hit as the retrieved chunk the compressor takes, sentence embeddings
+        included."""
+        stored = self.chunks[hit.position]
+        chunk = stored.chunk
+        return ContextChunk(
+            chunk_id=chunk.chunk_id,
+            doc_id=chunk.doc_id,
+            title=chunk.title,
+            text=chunk.text,
+            score=hit.score,
+            sentences=tuple(chunk.sentences),
+            sentence_embeddings=self.sentence_embeddings[list(stored.sentence_rows)],
+        )
 
     def set_search_params(self, nprobe: int | None = None, ef_search: int | None = None) -> None:
         """Tune recall against speed for the approximate kinds (ignored by `flat`)."""

@@ -203,3 +203,16 @@ def test_search_on_an_empty_index_returns_no_hits():
     )
 
     assert index.search(unit_vectors(1), 5) == [[]]
+
+
+def test_a_hit_becomes_its_context_chunk_with_its_own_sentence_embeddings():
+    index, vectors = build(20, IndexParams(kind="flat"))
+    [hits] = index.search(vectors[7:8], 1)
+
+    chunk = index.context_chunk(hits[0])
+
+    assert (chunk.chunk_id, chunk.doc_id, chunk.title) == ("doc1#7", "doc1", "Title «7»")
+    assert chunk.text == "First of 7. Second of 7."
+    assert chunk.sentences == tuple(index.chunks[7].chunk.sentences)
+    assert chunk.score == pytest.approx(hits[0].score)
+    np.testing.assert_array_equal(chunk.sentence_embeddings, index.sentence_embeddings[[14, 15]])
