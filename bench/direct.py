@@ -61,7 +61,7 @@ from bench.loadgen import (
 from bench.service import ROOT, ServiceError, free_port, running_service, tail
 from bench.stats import Distribution, Summary, markdown_table, percentile, summarize
 from bench.suite import WARM_UP_MAX_TOKENS, WARM_UP_QUESTION, warm_up
-from bench.variant import write_variant
+from bench.variant import first_application, write_variant
 from retrieval.compression import COMPRESSION_METHODS, CompressionMethod, CompressionPlan
 from retrieval.context import Retrieval
 from retrieval.index import FaissIndex
@@ -104,13 +104,7 @@ class ServeConfig:
 def read_serve_config(path: Path) -> ServeConfig:
     """Parse `path` (a serve config YAML) and validate its applications[0].args with
     app.config.parse_config; ConfigError names a bad key, ValueError a bad layout."""
-    document = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
-    applications = document.get("applications") if isinstance(document, dict) else None
-    if not isinstance(applications, list) or not applications:
-        raise ValueError(f"{path}: no 'applications' list")
-    application = applications[0]
-    if not isinstance(application, dict):
-        raise ValueError(f"{path}: applications[0] is not a mapping")
+    _, application = first_application(path)  # VariantError is a ValueError
     runtime_env = application.get("runtime_env") or {}
     env_vars = (runtime_env.get("env_vars") or {}) if isinstance(runtime_env, dict) else None
     if not isinstance(env_vars, dict):

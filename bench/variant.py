@@ -55,6 +55,19 @@ def apply_overrides(args: Mapping[str, Any], overrides: Mapping[str, Any]) -> di
     return result
 
 
+def first_application(path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The parsed serve config at `path` and its applications[0]; VariantError when the
+    file has no applications list or its first entry is not a mapping."""
+    document = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+    applications = document.get("applications") if isinstance(document, dict) else None
+    if not isinstance(applications, list) or not applications:
+        raise VariantError(f"{path}: no 'applications' list")
+    application = applications[0]
+    if not isinstance(application, dict):
+        raise VariantError(f"{path}: applications[0] is not a mapping")
+    return document, application
+
+
 def write_variant(
     base: Path, overrides: dict[str, Any], out: Path, port: int | None = None
 ) -> Path:
@@ -66,13 +79,7 @@ def write_variant(
     the base file are not kept; a header line records the base and the overrides.
     """
     base = Path(base)
-    document = yaml.safe_load(base.read_text(encoding="utf-8"))
-    applications = document.get("applications") if isinstance(document, dict) else None
-    if not isinstance(applications, list) or not applications:
-        raise VariantError(f"{base}: no 'applications' list")
-    application = applications[0]
-    if not isinstance(application, dict):
-        raise VariantError(f"{base}: applications[0] is not a mapping")
+    document, application = first_application(base)
     base_args = application.get("args") or {}
     if not isinstance(base_args, dict):
         raise VariantError(f"{base}: applications[0].args is not a mapping")
