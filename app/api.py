@@ -1,27 +1,31 @@
-"""The HTTP API: routes, auth, request ids and the one place errors become responses.
+"""The HTTP API: routes, admission, and the one place failures become responses.
 
-`create_api(state)` builds the FastAPI app around one ingress replica's `ApiState`
-(pipeline, config, settings, readiness); the routes read it from `app.state.rag`.
+`create_api(state)` builds the FastAPI app around one ingress replica's `ApiState`; the
+routes read it from `app.state.rag`. Order of checks on a /v1 request: body size (413,
+before the body is read), API key (401), per-key rate (429), then the route validates the
+body (400), then admission: readiness from memory (503 not_ready) and the in-flight gate
+(503 overloaded), both with Retry-After and without calling any stage.
 """
 
 from __future__ import annotations
 
 import asyncio
-import hmac
-import json
+import contextlib
 import time
-import uuid
-from collections.abc import AsyncGenerator, AsyncIterator
-from dataclasses import dataclass
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from dataclasses import dataclass, field
 
 from fastapi import FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse
+from sse_starlette import EventSourceResponse, ServerSentEvent
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from app import openai_format, rag_format
+from app.admission import BodySizeLimit, InFlightGate, KeyRateLimiter
 from app.config import RagAppConfig
 from app.errors import (
+    DEADLINE_PASSED,
     ERROR_RESPONSES,
     ApiError,
     bad_request,
@@ -29,10 +33,13 @@ from app.errors import (
     error_response,
     internal,
     not_ready,
+    overloaded,
+    payload_too_large,
+    stage_unavailable,
+    timed_out,
 )
-from app.log import get_logger
-from app.pipeline import DoneEvent, ErrorEvent, PipelineEvent, RagPipeline, RagQuery, SourcesEvent
-from app.readiness import Readiness
+from app.guard import RequestGuard, request_id_of
+from app.readiness import ReadinessMonitor
 from app.schemas import (
     ChatCompletionRequest,
     ModelCard,
@@ -42,7 +49,19 @@ from app.schemas import (
     RagQueryResponse,
 )
 from app.settings import Settings
-from retrieval.compression import CompressionPlan
+from pipeline.log import get_logger
+from pipeline.messages import CompressionPlan
+from pipeline.rag import (
+    DoneEvent,
+    FailedEvent,
+    PipelineEvent,
+    RagPipeline,
+    RagQuery,
+    RagResult,
+    RequestRefused,
+    SourcesEvent,
+)
+from pipeline.stages import StageUnavailable
 
 logger = get_logger(__name__)
 
@@ -52,27 +71,48 @@ class ApiState:
     pipeline: RagPipeline
     config: RagAppConfig
     settings: Settings
-    readiness: Readiness
+    readiness: ReadinessMonitor
     started_at: int
+    gate: InFlightGate
+    rate_limiter: KeyRateLimiter | None = None
+    # Serve's id for the current request (it honours an incoming x-request-id), if any.
+    serve_request_id: Callable[[], str | None] = field(default=lambda: None)
 
 
-def create_api(state: ApiState | None = None) -> FastAPI:
+def create_api(state: ApiState | None = None, max_body_bytes: int | None = None) -> FastAPI:
     """The FastAPI app; without `state` every /v1 route answers 503 (not ready)."""
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        if state is not None:
+            state.readiness.start()
+        yield
+        if state is not None:
+            await state.readiness.stop()
+
     api = FastAPI(
         title="RAG serve",
         description="Question answering over a document collection: FAISS retrieval, "
         "context compression, vLLM generation.",
-        version="0.1.0",
+        version="0.2.0",
+        lifespan=lifespan,
     )
     api.state.rag = state
     _install_error_handlers(api)
-    # Auth runs before routing and body parsing: an unauthenticated caller learns nothing
-    # about the request format.
-    api.middleware("http")(_authorize)
-    api.middleware("http")(_add_request_id_header)
+    limit = max_body_bytes or (state.config.ingress.max_body_bytes if state else 1 << 20)
+    # Middleware added last runs first: the body-size check, then the request guard.
+    api.add_middleware(RequestGuard)
+    api.add_middleware(
+        BodySizeLimit,
+        max_bytes=limit,
+        render_error=lambda scope: error_body(payload_too_large(limit)),
+    )
     api.add_api_route("/healthz", _healthz, methods=["GET"])
     api.add_api_route("/readyz", _readyz, methods=["GET"], responses={503: ERROR_RESPONSES[503]})
-    api.add_api_route("/v1/models", _models, methods=["GET"], response_model=ModelList)
+    api.add_api_route(
+        "/v1/models", _models, methods=["GET"], response_model=ModelList,
+        responses={401: ERROR_RESPONSES[401]},
+    )  # fmt: skip
     api.add_api_route(
         "/v1/rag/query", _rag_query, methods=["POST"],
         responses={200: {"model": RagQueryResponse}, **ERROR_RESPONSES},
@@ -83,65 +123,11 @@ def create_api(state: ApiState | None = None) -> FastAPI:
     return api
 
 
-def request_id_of(request: Request) -> str:
-    """Serve's id for this request (it honours an incoming x-request-id), else a new one."""
-    if not hasattr(request.state, "request_id"):
-        request.state.request_id = _serve_request_id() or (
-            request.headers.get("x-request-id") or uuid.uuid4().hex
-        )
-    return request.state.request_id
-
-
-def _serve_request_id() -> str | None:
-    try:
-        from ray.serve.context import _get_serve_request_context
-
-        return _get_serve_request_context().request_id or None
-    except Exception:  # outside a Serve replica (unit tests) there is no context
-        return None
-
-
 def _state(request: Request) -> ApiState:
     state = getattr(request.app.state, "rag", None)
     if state is None:
-        raise not_ready("the service is starting")
+        raise not_ready("the service is starting", retry_after_s=5)
     return state
-
-
-async def _authorize(request: Request, call_next) -> Response:
-    """On /v1 routes: 503 until the replica is wired, then a valid bearer key if keys are set."""
-    if not request.url.path.startswith("/v1/"):
-        return await call_next(request)
-    state: ApiState | None = getattr(request.app.state, "rag", None)
-    if state is None:
-        return error_response(not_ready("the service is starting"), request_id_of(request))
-    if not state.settings.auth_required:
-        return await call_next(request)
-    scheme, _, token = request.headers.get("authorization", "").partition(" ")
-    token = token.strip()
-    if scheme.lower() == "bearer" and any(
-        hmac.compare_digest(token.encode(), key.encode()) for key in state.settings.api_keys
-    ):
-        return await call_next(request)
-    error = ApiError(
-        401,
-        "missing or invalid API key: send Authorization: Bearer <key>",
-        "authentication_error",
-        code="invalid_api_key",
-        headers={"WWW-Authenticate": "Bearer"},
-    )
-    return error_response(error, request_id_of(request))
-
-
-async def _add_request_id_header(request: Request, call_next) -> Response:
-    return _with_request_id(await call_next(request), request)
-
-
-def _with_request_id(response: Response, request: Request) -> Response:
-    # Serve's proxy sets x-request-id on every response; outside Serve, set it here.
-    if _serve_request_id() is None and "x-request-id" not in response.headers:
-        response.headers["x-request-id"] = request_id_of(request)
-    return response
 
 
 async def _healthz() -> dict:
@@ -149,13 +135,12 @@ async def _healthz() -> dict:
 
 
 async def _readyz(request: Request) -> JSONResponse:
-    state = getattr(request.app.state, "rag", None)
+    state: ApiState | None = getattr(request.app.state, "rag", None)
     if state is None:
         return JSONResponse({"ready": False, "stages": {}}, status_code=503)
-    report = await state.readiness.check(fresh=True)
-    return JSONResponse(
-        {"ready": report.ready, "stages": report.stages}, status_code=200 if report.ready else 503
-    )
+    state.readiness.start()
+    report = state.readiness.report
+    return JSONResponse(report.body(), status_code=200 if report.ready else 503)
 
 
 async def _models(request: Request) -> ModelList:
@@ -165,7 +150,7 @@ async def _models(request: Request) -> ModelList:
 
 async def _rag_query(body: RagQueryRequest, request: Request):
     state = _state(request)
-    query = await _admit(state, request, body.question, body, body.max_tokens, body.temperature)
+    query = _query(state, request, body.question, body, body.max_tokens, body.temperature)
     if body.stream:
         return await _stream(state, query, rag_format.sse_events(query))
     result = await _collect(state, query)
@@ -185,7 +170,7 @@ async def _chat_completions(body: ChatCompletionRequest, request: Request):
     question = openai_format.question_of(body)
     max_tokens = body.max_completion_tokens or body.max_tokens
     options = body.rag or RagOptions()
-    query = await _admit(state, request, question, options, max_tokens, body.temperature)
+    query = _query(state, request, question, options, max_tokens, body.temperature)
     created = int(time.time())
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
@@ -195,7 +180,7 @@ async def _chat_completions(body: ChatCompletionRequest, request: Request):
     return JSONResponse(openai_format.completion_body(result, body.model, created))
 
 
-async def _admit(
+def _query(
     state: ApiState,
     request: Request,
     question: str,
@@ -203,7 +188,7 @@ async def _admit(
     max_tokens: int | None,
     temperature: float | None,
 ) -> RagQuery:
-    """Validate what the schema cannot know (limits from config) and check readiness."""
+    """Validate what the schema cannot know (limits from config)."""
     config = state.config
     question = question.strip()
     if not question:
@@ -221,9 +206,6 @@ async def _admit(
         raise bad_request(
             f"max_tokens must be at most {config.generator.max_tokens_limit}", param="max_tokens"
         )
-    report = await state.readiness.check()
-    if not report.ready:
-        raise not_ready(f"not ready yet: {report.stages}")
     return RagQuery(
         question=question,
         top_k=top_k,
@@ -247,18 +229,43 @@ def _plan(config: RagAppConfig, options: RagOptions) -> CompressionPlan:
     return CompressionPlan(method, defaults.rate, defaults.target_tokens, policy)
 
 
-async def _collect(state: ApiState, query: RagQuery):
-    async with asyncio.timeout(state.config.ingress.request_timeout_s):
-        async for event in state.pipeline.run(query):
-            if isinstance(event, ErrorEvent):
-                raise event.error
-            if isinstance(event, DoneEvent):
-                return event.result
+def _admit(state: ApiState) -> None:
+    """Refuse at once, from memory, what the service cannot take now; else hold a slot
+    (the caller releases it with `state.gate.leave()`)."""
+    retry_after_s = state.config.ingress.retry_after_s
+    state.readiness.start()
+    report = state.readiness.report
+    if not report.ready:
+        down = ", ".join(name for name, status in report.stages.items() if status != "ready")
+        raise not_ready(f"not ready: {down or 'starting'}", retry_after_s)
+    if not state.gate.try_enter():
+        raise overloaded(
+            f"the service is at capacity ({state.gate.limit} requests in flight); retry shortly",
+            retry_after_s,
+        )
+
+
+async def _collect(state: ApiState, query: RagQuery) -> RagResult:
+    _admit(state)
+    try:
+        async with asyncio.timeout(state.config.ingress.request_timeout_s):
+            async for event in state.pipeline.run(query):
+                if isinstance(event, FailedEvent):
+                    raise ApiError.from_stage(event.error, state.config.ingress.retry_after_s)
+                if isinstance(event, DoneEvent):
+                    return event.result
+    finally:
+        state.gate.leave()
     raise internal()
 
 
-async def _stream(state: ApiState, query: RagQuery, renderer) -> StreamingResponse:
+async def _stream(
+    state: ApiState,
+    query: RagQuery,
+    renderer: Callable[[AsyncIterator[PipelineEvent]], AsyncIterator[ServerSentEvent]],
+) -> EventSourceResponse:
     """Run the pipeline up to its first token before committing to a 200 stream."""
+    _admit(state)
     deadline = asyncio.get_running_loop().time() + state.config.ingress.request_timeout_s
     events = state.pipeline.run(query)
     head: list[PipelineEvent] = []
@@ -270,12 +277,10 @@ async def _stream(state: ApiState, query: RagQuery, renderer) -> StreamingRespon
                     break
     except BaseException:
         await events.aclose()
+        state.gate.leave()
         raise
-    return StreamingResponse(
-        _guarded(renderer(_chain(head, events, deadline)), query),
-        media_type="text/event-stream",
-        headers={"Cache-Control": "no-cache"},
-    )
+    body = _guarded(renderer(_chain(head, events, deadline)), state, query)
+    return EventSourceResponse(body, sep="\n", headers={"Cache-Control": "no-cache"})
 
 
 async def _chain(
@@ -288,33 +293,48 @@ async def _chain(
             async for event in rest:
                 yield event
     except TimeoutError:
-        yield ErrorEvent(
-            ApiError(504, "the request ran past its deadline", "timeout", code="timeout")
-        )
+        yield FailedEvent(DEADLINE_PASSED)
     finally:
         await rest.aclose()
 
 
-async def _guarded(chunks: AsyncIterator[str], query: RagQuery) -> AsyncIterator[str]:
-    """Once the stream is committed, failures become a final error event, never a traceback."""
+async def _guarded(
+    events: AsyncIterator[ServerSentEvent], state: ApiState, query: RagQuery
+) -> AsyncIterator[ServerSentEvent]:
+    """Once the stream is committed, failures become a final error event, never a traceback.
+    The in-flight slot is held until the stream ends, however it ends."""
     try:
-        async for chunk in chunks:
-            yield chunk
-    except ApiError as error:
-        yield _sse_error(error, query.request_id)
+        async for event in events:
+            yield event
+    except StageUnavailable as exc:
+        error = stage_unavailable(exc, state.config.ingress.retry_after_s)
+        yield rag_format.error_event(error, query.request_id)
+        yield rag_format.DONE
     except Exception:
         logger.exception("stream failed (request %s)", query.request_id)
-        yield _sse_error(internal(), query.request_id)
-
-
-def _sse_error(error: ApiError, request_id: str) -> str:
-    return f"event: error\ndata: {json.dumps(error_body(error, request_id))}\n\ndata: [DONE]\n\n"
+        yield rag_format.error_event(internal(), query.request_id)
+        yield rag_format.DONE
+    finally:
+        state.gate.leave()
 
 
 def _install_error_handlers(api: FastAPI) -> None:
+    def retry_after(request: Request) -> float:
+        state: ApiState | None = getattr(request.app.state, "rag", None)
+        return state.config.ingress.retry_after_s if state else 5.0
+
     @api.exception_handler(ApiError)
     async def _api_error(request: Request, error: ApiError) -> JSONResponse:
         return error_response(error, request_id_of(request))
+
+    @api.exception_handler(RequestRefused)
+    async def _refused(request: Request, exc: RequestRefused) -> JSONResponse:
+        error = ApiError.from_stage(exc.error, retry_after(request))
+        return error_response(error, request_id_of(request))
+
+    @api.exception_handler(StageUnavailable)
+    async def _unavailable(request: Request, exc: StageUnavailable) -> JSONResponse:
+        return error_response(stage_unavailable(exc, retry_after(request)), request_id_of(request))
 
     @api.exception_handler(RequestValidationError)
     async def _invalid(request: Request, error: RequestValidationError) -> JSONResponse:
@@ -327,15 +347,18 @@ def _install_error_handlers(api: FastAPI) -> None:
 
     @api.exception_handler(TimeoutError)
     async def _timeout(request: Request, error: TimeoutError) -> JSONResponse:
-        timeout = ApiError(504, "the request ran past its deadline", "timeout", code="timeout")
-        return error_response(timeout, request_id_of(request))
+        return error_response(timed_out(), request_id_of(request))
 
     @api.exception_handler(Exception)
     async def _unexpected(request: Request, error: Exception) -> Response:
         request_id = request_id_of(request)
         logger.exception("unhandled error (request %s)", request_id)
-        # Unhandled errors are answered outside the middleware stack: add the id here.
-        return _with_request_id(error_response(internal(), request_id), request)
+        response = error_response(internal(), request_id)
+        # Answered outside the middleware stack; Serve's proxy adds the id itself.
+        state: ApiState | None = getattr(request.app.state, "rag", None)
+        if state is None or state.serve_request_id() is None:
+            response.headers["x-request-id"] = request_id
+        return response
 
 
 def _validation_error(error: RequestValidationError) -> ApiError:

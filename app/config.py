@@ -12,13 +12,11 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from retrieval.compression import CompressionMethod
-from retrieval.cost_model import (
-    CompressionCostModel,
-    CompressionPolicy,
-    CompressorCost,
-    PrefillCost,
-)
+from pipeline.messages import CompressionMethod, CompressionPolicy
+from retrieval.cost_model import CompressionCostModel, CompressorCost, PrefillCost
+from retrieval.llmlingua_compressor import LLMLinguaOptions
+from retrieval.models import resolve_model_reference
+from retrieval.preparation import LLMLinguaLoad
 from retrieval.prompt import DEFAULT_SYSTEM_PROMPT
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
@@ -59,8 +57,25 @@ class ReplicaConfig(StrictModel):
     max_queued_requests: int = Field(
         64,
         ge=-1,
-        description="Requests a caller may queue for this stage before it gets backpressure "
-        "(HTTP 503); -1 for no limit.",
+        description="Requests each caller (ingress replica) may queue for this stage before "
+        "it gets backpressure (HTTP 503 with Retry-After); -1 for no limit.",
+    )
+    max_replicas_per_node: int | None = Field(
+        None,
+        ge=1,
+        description="At most this many replicas on one node; 1 spreads the replicas over "
+        "nodes, so losing a node leaves the others serving.",
+    )
+    resources: dict[str, float] = Field(
+        default_factory=dict,
+        description="Custom Ray resources each replica needs, to pin a stage to nodes "
+        "started with them (e.g. {node_a: 0.01} with `ray start --resources`).",
+    )
+    health_check_period_s: float = Field(
+        5.0, gt=0, description="How often Serve calls the replica's check_health."
+    )
+    health_check_timeout_s: float = Field(
+        10.0, gt=0, description="A health check slower than this fails the replica."
     )
 
 
@@ -83,7 +98,13 @@ class GeneratorReplicaConfig(ReplicaConfig):
 
 class IngressReplicaConfig(ReplicaConfig):
     num_cpus: float = Field(0.1, ge=0, description="Logical CPUs each ingress reserves.")
-    max_ongoing_requests: int = Field(64, ge=1, description="Requests one replica works on.")
+    max_ongoing_requests: int = Field(
+        256,
+        ge=1,
+        description="Requests one ingress replica holds, refused ones included: keep it well "
+        "above ingress.max_in_flight_requests, so that a request over capacity reaches the "
+        "ingress and is refused at once with the API's own error.",
+    )
 
 
 class EmbeddingConfig(StrictModel):
@@ -152,6 +173,23 @@ class LLMLinguaConfig(StrictModel):
         ".cache/tiktoken", description="Offline tiktoken cache holding cl100k_base."
     )
 
+    def to_load(self) -> LLMLinguaLoad | None:
+        """What PromptPreparer.load needs to load the scorer; None when disabled."""
+        if not self.enabled:
+            return None
+        return LLMLinguaLoad(
+            model_path=resolve_model_reference(self.model, PROJECT_ROOT),
+            options=LLMLinguaOptions(
+                use_llmlingua2=self.use_llmlingua2,
+                rank_method=self.rank_method,
+                condition_compare=self.condition_compare,
+                iterative_size=self.iterative_size,
+            ),
+            device=self.device,
+            dtype=self.dtype,
+            tiktoken_cache_dir=str(resolve_path(self.tiktoken_cache_dir)),
+        )
+
 
 class CompressorCostConfig(StrictModel):
     ms_per_token: float = Field(..., ge=0, description="Milliseconds per context token.")
@@ -188,6 +226,13 @@ class CostModelConfig(StrictModel):
 
 
 class CompressionConfig(StrictModel):
+    timeout_s: float | None = Field(
+        20.0,
+        gt=0,
+        description="Longest wait for the compressor stage; past it, or when the stage is "
+        "at capacity or down, the request goes on with the uncompressed context cut to the "
+        "token budget (`degraded` in the response). None waits for the request deadline.",
+    )
     policy: CompressionPolicy = Field(
         "always",
         description="'always' applies the method; 'auto' applies it only when the cost model "
@@ -216,7 +261,52 @@ class CompressionConfig(StrictModel):
         return self
 
 
+class PacedEngineConfig(StrictModel):
+    """A null engine for measuring the chain itself (bench.overhead): no model, tokens at a
+    fixed pace."""
+
+    ttft_ms: float = Field(50.0, ge=0, description="Time to the first token.")
+    tpot_ms: float = Field(5.0, ge=0, description="Time between later tokens.")
+
+
+class RequestRouterConfig(StrictModel):
+    kind: Literal["power_of_two", "prefix_cache_affinity"] = Field(
+        "power_of_two",
+        description="How the ingress picks a generator replica: Serve's default (the less "
+        "loaded of two random replicas), or Ray Serve LLM's PrefixCacheAffinityRouter "
+        "(the replica that already served the longest prefix, while loads are balanced).",
+    )
+    imbalanced_threshold: float | None = Field(
+        2.0,
+        ge=0,
+        description="prefix_cache_affinity: queue-length gap past which load wins over "
+        "prefix affinity. None (never) sends every request to one replica here, since all "
+        "prompts share the long system prompt.",
+    )
+    match_rate_threshold: float = Field(
+        0.1, ge=0, le=1, description="prefix_cache_affinity: least prefix match that counts."
+    )
+
+
 class GeneratorConfig(StrictModel):
+    engine: Literal["vllm", "paced"] = Field(
+        "vllm", description="vllm, or `paced`: the null engine of bench.overhead."
+    )
+    paced: PacedEngineConfig = PacedEngineConfig()
+    stream_batching_interval_ms: float = Field(
+        10.0,
+        ge=0,
+        description="The generator sends its first token at once, then what accumulated at "
+        "most every this many ms (one Ray object per batch, not per token); 0 sends each "
+        "token on its own. Chosen with bench.overhead (docs/benchmarks.md).",
+    )
+    cpu_binding: list[str] | None = Field(
+        None,
+        description="CPU only: cores for each replica's vLLM threads, by replica rank "
+        "(VLLM_CPU_OMP_THREADS_BIND), e.g. ['1', '0'] so two replicas do not share a core. "
+        "Unset: vLLM's default binding.",
+    )
+    request_router: RequestRouterConfig = RequestRouterConfig()
     model_id: str = Field("smollm2-135m-instruct", description="Name clients use as `model`.")
     model_source: str = Field(
         ".models/smollm2-135m-instruct", description="Local model folder or hub id for vLLM."
@@ -263,11 +353,37 @@ class PromptConfig(StrictModel):
     margin_tokens: int = Field(16, ge=0, description="Slack kept free in the context window.")
 
 
+class RateLimitConfig(StrictModel):
+    requests_per_s: float = Field(..., gt=0, description="Sustained requests per second.")
+    burst: int = Field(..., ge=1, description="Requests allowed at once after a quiet spell.")
+
+
 class IngressConfig(StrictModel):
     max_question_chars: int = Field(2000, ge=1, description="Longest question accepted.")
+    max_body_bytes: int = Field(
+        262_144, ge=1024, description="Largest request body; larger ones get 413 unread."
+    )
     request_timeout_s: float = Field(120.0, gt=0, description="Whole-request deadline.")
+    max_in_flight_requests: int | None = Field(
+        None,
+        ge=1,
+        description="Requests one ingress replica lets into the pipeline at once; the next "
+        "gets 503 with Retry-After at once. Unset: what the generator replicas hold "
+        "(running + queued, at their most replicas) divided over the ingress replicas.",
+    )
+    retry_after_s: float = Field(
+        1.0, ge=0, description="Retry-After on 503s for overload and unavailable stages."
+    )
+    rate_limit: RateLimitConfig | None = Field(
+        None,
+        description="Per API key (per client address without keys), per ingress replica: "
+        "past it, 429 with Retry-After. Unset: no limit.",
+    )
+    readiness_refresh_s: float = Field(
+        2.0, gt=0, description="How often the ingress asks Serve which stages are running."
+    )
     readiness_timeout_s: float = Field(
-        2.0, gt=0, description="How long /readyz waits for each stage to answer."
+        5.0, gt=0, description="Longest wait for that answer before keeping the last one."
     )
     deployment: IngressReplicaConfig = IngressReplicaConfig()
 
@@ -280,6 +396,35 @@ class RagAppConfig(StrictModel):
     generator: GeneratorConfig = GeneratorConfig()
     prompt: PromptConfig = PromptConfig()
     ingress: IngressConfig = IngressConfig()
+
+    @model_validator(mode="after")
+    def _gate_below_ingress_capacity(self) -> RagAppConfig:
+        limit = self.ingress.max_in_flight_requests
+        if limit is not None and limit >= self.ingress.deployment.max_ongoing_requests:
+            raise ValueError(
+                "ingress.max_in_flight_requests must be below "
+                "ingress.deployment.max_ongoing_requests"
+            )
+        return self
+
+    def in_flight_limit(self) -> int:
+        """Requests one ingress replica admits: as configured, else what the generator
+        replicas hold (running + queued, at their most replicas) over the ingress replicas."""
+        if self.ingress.max_in_flight_requests is not None:
+            return self.ingress.max_in_flight_requests
+        generator = self.generator.deployment
+        queued = max(0, generator.max_queued_requests)
+        capacity = most_replicas(generator) * (generator.max_ongoing_requests + queued)
+        ingress_replicas = most_replicas(self.ingress.deployment)
+        limit = max(1, -(-capacity // ingress_replicas))
+        return max(1, min(limit, self.ingress.deployment.max_ongoing_requests - 1))
+
+
+def most_replicas(replica: ReplicaConfig) -> int:
+    """The replicas a stage can run at most: its fixed count, or its autoscaling maximum."""
+    if replica.autoscaling is not None:
+        return replica.autoscaling.max_replicas
+    return replica.num_replicas
 
 
 class ConfigError(ValueError):

@@ -1,8 +1,10 @@
 """The OpenAI chat-completions face of the pipeline: the question in, `chat.completion` out.
 
-Only the last user message is the question; the system prompt is the service's own (it
-is what the prefix cache holds), so client system messages and earlier turns are not sent
-to the model. Sources ride along in an extra `sources` field.
+Bodies and chunks are the `openai` package's own types, so what the official client parses
+is what is built here. Only the last user message is the question; the system prompt is the
+service's own (it is what the prefix cache holds), so client system messages and earlier
+turns are not sent to the model. Sources ride along in an extra `sources` field, the RAG
+figures in `rag`.
 """
 
 from __future__ import annotations
@@ -10,10 +12,18 @@ from __future__ import annotations
 import json
 from collections.abc import AsyncIterator
 
-from app.errors import bad_request, error_body
-from app.pipeline import DoneEvent, ErrorEvent, PipelineEvent, RagQuery, RagResult, SourcesEvent
-from app.rag_format import Renderer
+from openai.types import CompletionUsage
+from openai.types.chat import ChatCompletion, ChatCompletionChunk, ChatCompletionMessage
+from openai.types.chat import chat_completion as completion_types
+from openai.types.chat import chat_completion_chunk as chunk_types
+from openai.types.completion_usage import PromptTokensDetails
+from sse_starlette import ServerSentEvent
+
+from app.errors import ApiError, bad_request, error_body
+from app.rag_format import DONE, Renderer, response_model, sources_of, sse_event
 from app.schemas import ChatCompletionRequest
+from pipeline.messages import TokenEvent
+from pipeline.rag import DoneEvent, FailedEvent, PipelineEvent, RagQuery, RagResult, SourcesEvent
 
 
 def question_of(body: ChatCompletionRequest) -> str:
@@ -28,88 +38,96 @@ def question_of(body: ChatCompletionRequest) -> str:
     raise bad_request("messages must contain a user message", param="messages")
 
 
-def usage_body(result: RagResult) -> dict:
+def usage_of(result: RagResult) -> CompletionUsage:
     usage = result.usage
-    return {
-        "prompt_tokens": usage.prompt_tokens,
-        "completion_tokens": usage.completion_tokens,
-        "total_tokens": usage.prompt_tokens + usage.completion_tokens,
-        "prompt_tokens_details": {"cached_tokens": usage.cached_prompt_tokens},
-    }
+    return CompletionUsage(
+        prompt_tokens=usage.prompt_tokens,
+        completion_tokens=usage.completion_tokens,
+        total_tokens=usage.prompt_tokens + usage.completion_tokens,
+        prompt_tokens_details=PromptTokensDetails(cached_tokens=usage.cached_tokens),
+    )
 
 
 def completion_body(result: RagResult, model: str, created: int) -> dict:
-    return {
-        "id": f"chatcmpl-{result.id}",
-        "object": "chat.completion",
-        "created": created,
-        "model": model,
-        "choices": [
-            {
-                "index": 0,
-                "message": {"role": "assistant", "content": result.answer},
-                "finish_reason": result.finish_reason or "stop",
-            }
+    completion = ChatCompletion(
+        id=f"chatcmpl-{result.request_id}",
+        object="chat.completion",
+        created=created,
+        model=model,
+        choices=[
+            completion_types.Choice(
+                index=0,
+                message=ChatCompletionMessage(role="assistant", content=result.answer),
+                finish_reason=_finish_reason(result),
+            )
         ],
-        "usage": usage_body(result),
-        "sources": [source.model_dump() for source in result.sources],
-        "rag": _rag_extras(result),
-    }
+        usage=usage_of(result),
+        sources=[source.model_dump() for source in sources_of(result.prepared)],
+        rag=_rag_extras(result),
+    )
+    return completion.model_dump(exclude_unset=True)
 
 
 def sse_chunks(query: RagQuery, model: str, created: int, include_usage: bool) -> Renderer:
     chunk_id = f"chatcmpl-{query.request_id}"
 
-    def chunk(delta: dict, finish_reason: str | None = None, **extra) -> str:
-        body = {
-            "id": chunk_id,
-            "object": "chat.completion.chunk",
-            "created": created,
-            "model": model,
-            "choices": [{"index": 0, "delta": delta, "finish_reason": finish_reason}],
+    def chunk(delta: chunk_types.ChoiceDelta, finish_reason=None, **extra) -> ServerSentEvent:
+        body = ChatCompletionChunk(
+            id=chunk_id,
+            object="chat.completion.chunk",
+            created=created,
+            model=model,
+            choices=[chunk_types.Choice(index=0, delta=delta, finish_reason=finish_reason)],
             **extra,
-        }
-        return f"data: {json.dumps(body, ensure_ascii=False)}\n\n"
+        )
+        return sse_event(body.model_dump_json(exclude_unset=True))
 
-    async def render(events: AsyncIterator[PipelineEvent]) -> AsyncIterator[str]:
+    async def render(events: AsyncIterator[PipelineEvent]) -> AsyncIterator[ServerSentEvent]:
         async for event in events:
-            if isinstance(event, SourcesEvent):
-                sources = [source.model_dump() for source in event.sources]
-                yield chunk({"role": "assistant", "content": ""}, sources=sources)
+            if isinstance(event, TokenEvent):
+                yield chunk(chunk_types.ChoiceDelta(content=event.text))
+            elif isinstance(event, SourcesEvent):
+                sources = [source.model_dump() for source in sources_of(event.prepared)]
+                yield chunk(chunk_types.ChoiceDelta(role="assistant", content=""), sources=sources)
             elif isinstance(event, DoneEvent):
                 result = event.result
-                yield chunk({}, result.finish_reason or "stop", rag=_rag_extras(result))
+                yield chunk(
+                    chunk_types.ChoiceDelta(), _finish_reason(result), rag=_rag_extras(result)
+                )
                 if include_usage:
-                    yield _usage_chunk(chunk_id, created, model, result)
-            elif isinstance(event, ErrorEvent):
-                yield f"data: {json.dumps(error_body(event.error, query.request_id))}\n\n"
+                    usage_chunk = ChatCompletionChunk(
+                        id=chunk_id,
+                        object="chat.completion.chunk",
+                        created=created,
+                        model=model,
+                        choices=[],
+                        usage=usage_of(result),
+                    )
+                    yield sse_event(usage_chunk.model_dump_json(exclude_unset=True))
+            elif isinstance(event, FailedEvent):
+                error = ApiError.from_stage(event.error)
+                yield sse_event(json.dumps(error_body(error, query.request_id)))
                 break
-            else:
-                yield chunk({"content": event.text})
-        yield "data: [DONE]\n\n"
+        yield DONE
 
     return render
 
 
-def _usage_chunk(chunk_id: str, created: int, model: str, result: RagResult) -> str:
-    body = {
-        "id": chunk_id,
-        "object": "chat.completion.chunk",
-        "created": created,
-        "model": model,
-        "choices": [],
-        "usage": usage_body(result),
-    }
-    return f"data: {json.dumps(body)}\n\n"
+def _finish_reason(result: RagResult):
+    # OpenAI's finish reasons; vLLM's "abort" has no counterpart and reads as a stop.
+    reason = result.finish_reason
+    return reason if reason in ("stop", "length", "content_filter") else "stop"
 
 
 def _rag_extras(result: RagResult) -> dict:
+    shown = response_model(result)
     return {
-        "compression_method": result.compression_method,
-        "context_tokens_before": result.usage.context_tokens_before,
-        "context_tokens_after": result.usage.context_tokens_after,
-        "context_truncated": result.context_truncated,
-        "timings_ms": result.timings_ms.model_dump(),
-        "tpot_ms": result.tpot_ms,
-        "context": None if result.context is None else [c.model_dump() for c in result.context],
+        "compression_method": shown.compression_method,
+        "degraded": shown.degraded,
+        "context_tokens_before": shown.usage.context_tokens_before,
+        "context_tokens_after": shown.usage.context_tokens_after,
+        "context_truncated": shown.context_truncated,
+        "timings_ms": shown.timings_ms.model_dump(),
+        "tpot_ms": shown.tpot_ms,
+        "context": None if shown.context is None else [c.model_dump() for c in shown.context],
     }

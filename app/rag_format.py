@@ -1,8 +1,8 @@
 """Rendering of /v1/rag/query results: one JSON body, or server-sent events.
 
-Stream: `event: sources`, then `event: delta` per token piece, then `event: done` with the
-whole result (usage and timings), then `data: [DONE]`. A failure after the first token is
-sent as `event: error` with the OpenAI error body.
+Stream: `event: sources`, then `event: delta` per batch of token text, then `event: done`
+with the whole result (usage and timings), then `data: [DONE]`. A failure after the first
+token is sent as `event: error` with the OpenAI error body.
 """
 
 from __future__ import annotations
@@ -10,39 +10,120 @@ from __future__ import annotations
 import json
 from collections.abc import AsyncIterator, Callable
 
-from app.errors import error_body
-from app.pipeline import DoneEvent, ErrorEvent, PipelineEvent, RagQuery, RagResult, SourcesEvent
+from sse_starlette import ServerSentEvent
 
-Renderer = Callable[[AsyncIterator[PipelineEvent]], AsyncIterator[str]]
+from app.errors import ApiError, error_body
+from app.schemas import (
+    CompressionDecisionInfo,
+    ContextPassage,
+    RagQueryResponse,
+    RagUsage,
+    Source,
+    Timings,
+)
+from pipeline.messages import PreparedPrompt, TokenEvent
+from pipeline.rag import DoneEvent, FailedEvent, PipelineEvent, RagQuery, RagResult, SourcesEvent
+
+Renderer = Callable[[AsyncIterator[PipelineEvent]], AsyncIterator[ServerSentEvent]]
+
+
+def sse_event(data: str, event: str | None = None) -> ServerSentEvent:
+    """One server-sent event, lines ending in a bare newline as the OpenAI API's do."""
+    return ServerSentEvent(data, event=event, sep="\n")
+
+
+DONE = sse_event("[DONE]")
+
+
+def sources_of(prepared: PreparedPrompt) -> list[Source]:
+    return [
+        Source(id=s.chunk_id, doc_id=s.doc_id, title=s.title, score=round(s.score, 4))
+        for s in prepared.sources
+    ]
+
+
+def response_model(result: RagResult) -> RagQueryResponse:
+    """The result as the API shows it (figures rounded for display)."""
+    prepared = result.prepared
+    decision = prepared.decision
+    return RagQueryResponse(
+        id=result.request_id,
+        answer=result.answer,
+        sources=sources_of(prepared),
+        compression_method=prepared.method,
+        compression_decision=(
+            None
+            if decision is None
+            else CompressionDecisionInfo(
+                requested_method=result.requested_method,
+                compressed=decision.compress,
+                predicted_saving_ms=decision.predicted_saving_ms,
+                predicted_cost_ms=decision.predicted_cost_ms,
+            )
+        ),
+        degraded=prepared.degraded,
+        context_truncated=prepared.truncated,
+        finish_reason=result.finish_reason,
+        usage=RagUsage(
+            prompt_tokens=result.usage.prompt_tokens,
+            cached_prompt_tokens=result.usage.cached_tokens,
+            context_tokens_before=prepared.context_tokens_before,
+            context_tokens_after=prepared.context_tokens_after,
+            completion_tokens=result.usage.completion_tokens,
+        ),
+        timings_ms=Timings(
+            retrieve=_round(result.retrieve.own_ms),
+            compress=_round(result.prepare.own_ms),
+            queue=_round(result.retrieve.queue_ms + result.prepare.queue_ms),
+            network=_round(result.retrieve.network_ms + result.prepare.network_ms),
+            ttft=_round(result.ttft_ms),
+            total=_round(result.total_ms),
+        ),
+        tpot_ms=None if result.tpot_ms is None else _round(result.tpot_ms),
+        context=(
+            [ContextPassage(id=s.chunk_id, text=s.text) for s in prepared.sources]
+            if result.include_context
+            else None
+        ),
+    )
 
 
 def response_body(result: RagResult) -> dict:
-    return result.model_dump()
+    return response_model(result).model_dump()
 
 
 def sse_events(query: RagQuery) -> Renderer:
-    async def render(events: AsyncIterator[PipelineEvent]) -> AsyncIterator[str]:
+    async def render(events: AsyncIterator[PipelineEvent]) -> AsyncIterator[ServerSentEvent]:
         async for event in events:
-            if isinstance(event, SourcesEvent):
+            if isinstance(event, TokenEvent):
+                yield _event("delta", {"text": event.text})
+            elif isinstance(event, SourcesEvent):
                 prepared = event.prepared
-                yield _sse("sources", {
+                yield _event("sources", {
                     "id": query.request_id,
-                    "sources": [source.model_dump() for source in event.sources],
+                    "sources": [source.model_dump() for source in sources_of(prepared)],
                     "compression_method": prepared.method,
                     "context_tokens_before": prepared.context_tokens_before,
                     "context_tokens_after": prepared.context_tokens_after,
+                    "degraded": prepared.degraded,
                 })  # fmt: skip
             elif isinstance(event, DoneEvent):
-                yield _sse("done", response_body(event.result))
-            elif isinstance(event, ErrorEvent):
-                yield _sse("error", error_body(event.error, query.request_id))
+                yield _event("done", response_body(event.result))
+            elif isinstance(event, FailedEvent):
+                yield error_event(ApiError.from_stage(event.error), query.request_id)
                 break
-            else:
-                yield _sse("delta", {"text": event.text})
-        yield "data: [DONE]\n\n"
+        yield DONE
 
     return render
 
 
-def _sse(event: str, data: dict) -> str:
-    return f"event: {event}\ndata: {json.dumps(data, ensure_ascii=False)}\n\n"
+def error_event(error: ApiError, request_id: str) -> ServerSentEvent:
+    return _event("error", error_body(error, request_id))
+
+
+def _event(name: str, data: dict) -> ServerSentEvent:
+    return sse_event(json.dumps(data, ensure_ascii=False), event=name)
+
+
+def _round(value: float) -> float:
+    return round(value, 2)

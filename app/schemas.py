@@ -6,8 +6,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from retrieval.compression import CompressionMethod
-from retrieval.cost_model import CompressionPolicy
+from pipeline.messages import CompressionMethod, CompressionPolicy
 
 
 class _Strict(BaseModel):
@@ -67,8 +66,14 @@ class ContextPassage(BaseModel):
 
 
 class Timings(BaseModel):
+    """Milliseconds. `retrieve` and `compress` are the stages' own work; `queue` is the time
+    calls waited before a stage began them (routing queue, transport in) and `network` the
+    rest of their round trips; `ttft` and `total` are measured from the request's arrival."""
+
     retrieve: float
     compress: float
+    queue: float = 0.0
+    network: float = 0.0
     ttft: float
     total: float
 
@@ -88,6 +93,11 @@ class RagQueryResponse(BaseModel):
     sources: list[Source]
     compression_method: str
     compression_decision: CompressionDecisionInfo | None = None
+    degraded: str | None = Field(
+        None,
+        description="Why the context was sent uncompressed against the request's plan "
+        "(compressor_timeout, compressor_unavailable, compressor_overloaded, ...).",
+    )
     context_truncated: bool
     finish_reason: str | None
     usage: RagUsage

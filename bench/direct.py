@@ -62,10 +62,14 @@ from bench.service import ROOT, ServiceError, free_port, running_service, tail
 from bench.stats import Distribution, Summary, markdown_table, percentile, summarize
 from bench.suite import WARM_UP_MAX_TOKENS, WARM_UP_QUESTION, warm_up
 from bench.variant import first_application, write_variant
-from retrieval.compression import COMPRESSION_METHODS, CompressionMethod, CompressionPlan
-from retrieval.context import Retrieval
-from retrieval.index import FaissIndex
+from pipeline.messages import (
+    COMPRESSION_METHODS,
+    CompressionMethod,
+    CompressionPlan,
+    Retrieval,
+)
 from retrieval.models import resolve_model_reference
+from retrieval.tokens import ServingTokenizer
 
 logger = logging.getLogger(__name__)
 
@@ -210,59 +214,51 @@ def build_final_prompts(config: RagAppConfig, jobs: Sequence[PromptJob]) -> list
 
 
 def _retrieve(config: RagAppConfig, questions: Sequence[str]) -> list[Retrieval]:
-    # As deployments/retriever.py does; that module imports Ray Serve for its batching.
     import torch
 
-    from retrieval.embedding import Embedder
+    from retrieval.retriever import Retriever
 
     settings = config.retriever
     torch.set_num_threads(settings.embedding.torch_threads)
-    embedder = Embedder.load(
+    retriever = Retriever.load(
+        resolve_path(settings.index_path),
         resolve_model_reference(settings.embedding.model, PROJECT_ROOT),
         device=settings.embedding.device,
         batch_size=settings.embedding.batch_size,
+        use_gpu_index=settings.use_gpu_index,
+        nprobe=settings.nprobe,
+        ef_search=settings.ef_search,
     )
-    index = FaissIndex.load(resolve_path(settings.index_path), settings.use_gpu_index)
-    index.set_search_params(nprobe=settings.nprobe, ef_search=settings.ef_search)
-    if index.manifest.dimension != embedder.dimension:
-        raise DirectBenchError(
-            f"index was built with {index.manifest.embedding_model} "
-            f"({index.manifest.dimension} dims), not the configured embedder"
-        )
-    retrievals = []
-    for question in questions:
-        started = time.perf_counter()
-        vector = embedder.encode([question])[0]
-        hits = index.search(vector[None, :], settings.default_top_k)[0]
-        chunks = tuple(index.context_chunk(hit) for hit in hits)
-        retrievals.append(Retrieval(vector, chunks, (time.perf_counter() - started) * 1000))
-    return retrievals
+    return [retriever.retrieve(question, settings.default_top_k) for question in questions]
 
 
 async def _prepare(
     config: RagAppConfig, jobs: Sequence[PromptJob], retrievals: Sequence[Retrieval]
 ) -> list[FinalPrompt]:
-    # The compressor deployment is a plain class: its own constructor and `prepare` build the
-    # prompts, so they follow the service's code, cost model and LLMLingua options included.
-    from app.errors import StageError
-    from deployments.compressor import CompressorDeployment
-    from retrieval.tokens import ServingTokenizer
+    # The compressor stage's own class builds the prompts, so they follow the service's
+    # code, cost model and LLMLingua options.
+    from retrieval.preparation import PromptPreparer
 
     compression = config.compression
-    if not any("llmlingua" in job.plan.method for job in jobs):
+    needs_llmlingua = any("llmlingua" in job.plan.method for job in jobs)
+    preparer = PromptPreparer.load(
+        resolve_model_reference(config.generator.model_source, PROJECT_ROOT),
+        config.prompt.system_prompt,
+        config.generator.max_model_len,
+        margin_tokens=config.prompt.margin_tokens,
+        index_path=resolve_path(config.retriever.index_path),
         # Loading the scorer changes no prompt that does not use it; skip its memory.
-        llmlingua = compression.llmlingua.model_copy(update={"enabled": False})
-        compression = compression.model_copy(update={"llmlingua": llmlingua})
-    compressor = CompressorDeployment(compression, config.generator, config.prompt)
+        llmlingua=compression.llmlingua.to_load() if needs_llmlingua else None,
+        sentence_prefilter_rate=compression.sentence_prefilter_rate,
+        cost_model=compression.cost_model.to_model(),
+    )
     tokenizer = ServingTokenizer.load(
         resolve_model_reference(config.generator.model_source, PROJECT_ROOT)
     )
     prompts = []
     for job, retrieval in zip(jobs, retrievals, strict=True):
         question = job.question.strip()
-        prepared = await compressor.prepare(question, retrieval, job.plan, job.max_tokens)
-        if isinstance(prepared, StageError):
-            raise DirectBenchError(f"the compressor refused {question!r}: {prepared.message}")
+        prepared = preparer.prepare(question, retrieval, job.plan, job.max_tokens)
         prompts.append(
             FinalPrompt(
                 question=job.question,

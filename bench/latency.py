@@ -37,7 +37,7 @@ from bench.loadgen import (
     run_load,
 )
 from bench.stats import Summary, advisor_figures, markdown_table, summarize
-from retrieval.compression import COMPRESSION_METHODS
+from pipeline.messages import COMPRESSION_METHODS
 
 # Each is answered by a document in data/corpus/ (file name in the comment).
 DEFAULT_QUESTIONS: tuple[str, ...] = (

@@ -37,7 +37,8 @@ from typing import Any
 import numpy as np
 
 from bench.service import ROOT
-from retrieval.compression import CompressionPlan, compress_chunks, count_context_tokens
+from pipeline.messages import CompressionPlan
+from retrieval.compression import compress_chunks, count_context_tokens
 from retrieval.context import ContextChunk
 from retrieval.index import FaissIndex
 from retrieval.llmlingua_compressor import LLMLinguaCompressor, LLMLinguaOptions, ScorerDType

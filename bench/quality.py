@@ -61,7 +61,7 @@ from bench.squad_metrics import (
     f1,
     recall_at_k,
 )
-from retrieval.compression import CompressionMethod
+from pipeline.messages import CompressionMethod
 from retrieval.index import INDEX_FILE, MANIFEST_FILE
 
 logger = logging.getLogger(__name__)

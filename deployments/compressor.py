@@ -1,4 +1,5 @@
-"""Compressor stage: compress the retrieved context and fit the prompt to the model."""
+"""Compressor deployment: `retrieval.PromptPreparer` with the index's sentence store and
+LLMLingua loaded, the work in a thread."""
 
 from __future__ import annotations
 
@@ -11,14 +12,10 @@ from app.config import (
     PromptConfig,
     resolve_path,
 )
-from app.errors import StageError
-from app.log import get_logger
-from retrieval.compression import CompressionPlan
-from retrieval.context import Retrieval
-from retrieval.llmlingua_compressor import LLMLinguaCompressor, LLMLinguaOptions
+from pipeline.log import get_logger
+from pipeline.messages import CompressionPlan, PreparedPrompt, Retrieval, StageError
 from retrieval.models import resolve_model_reference
-from retrieval.preparation import PreparedPrompt, PromptPreparer, PromptTooLongError
-from retrieval.tokens import ServingTokenizer
+from retrieval.preparation import PromptPreparer, PromptTooLongError
 
 logger = get_logger(__name__)
 
@@ -28,39 +25,25 @@ CPU_KV_BLOCK_TOKENS = 128
 
 class CompressorDeployment:
     def __init__(
-        self, compression: CompressionConfig, generator: GeneratorConfig, prompt: PromptConfig
+        self,
+        compression: CompressionConfig,
+        generator: GeneratorConfig,
+        prompt: PromptConfig,
+        index_path: str,
     ) -> None:
         import torch
 
         torch.set_num_threads(compression.llmlingua.torch_threads)
-        tokenizer = ServingTokenizer.load(
-            resolve_model_reference(generator.model_source, PROJECT_ROOT)
-        )
-        llmlingua = None
-        if compression.llmlingua.enabled:
-            settings = compression.llmlingua
-            llmlingua = LLMLinguaCompressor.load(
-                resolve_model_reference(settings.model, PROJECT_ROOT),
-                LLMLinguaOptions(
-                    use_llmlingua2=settings.use_llmlingua2,
-                    rank_method=settings.rank_method,
-                    condition_compare=settings.condition_compare,
-                    iterative_size=settings.iterative_size,
-                ),
-                device=settings.device,
-                dtype=settings.dtype,
-                tiktoken_cache_dir=str(resolve_path(settings.tiktoken_cache_dir)),
-            )
-        self._preparer = PromptPreparer(
-            tokenizer,
+        self._preparer = PromptPreparer.load(
+            resolve_model_reference(generator.model_source, PROJECT_ROOT),
             prompt.system_prompt,
             generator.max_model_len,
-            prompt.margin_tokens,
-            llmlingua,
-            compression.sentence_prefilter_rate,
-            compression.cost_model.to_model(),
+            margin_tokens=prompt.margin_tokens,
+            index_path=resolve_path(index_path),
+            llmlingua=compression.llmlingua.to_load(),
+            sentence_prefilter_rate=compression.sentence_prefilter_rate,
+            cost_model=compression.cost_model.to_model(),
         )
-        self._llmlingua_loaded = llmlingua is not None
         system_tokens = self._preparer.system_prompt_tokens
         if system_tokens < CPU_KV_BLOCK_TOKENS:
             logger.warning(
@@ -71,7 +54,7 @@ class CompressorDeployment:
             )
         logger.info(
             "compressor ready: llmlingua=%s, system prompt %d tokens",
-            self._llmlingua_loaded,
+            self._preparer.has_chunk_compressor,
             system_tokens,
         )
 
@@ -79,7 +62,7 @@ class CompressorDeployment:
         self, question: str, retrieval: Retrieval, plan: CompressionPlan, max_output_tokens: int
     ) -> PreparedPrompt | StageError:
         """Compressed, budgeted messages for the generator, or the reason there are none."""
-        if "llmlingua" in plan.method and not self._llmlingua_loaded:
+        if "llmlingua" in plan.method and not self._preparer.has_chunk_compressor:
             return StageError(
                 400,
                 f"compression method {plan.method!r} is not enabled on this deployment",
@@ -92,8 +75,7 @@ class CompressorDeployment:
         except PromptTooLongError as exc:
             return StageError(400, str(exc), param="question", code="context_length_exceeded")
 
-    async def ready(self) -> dict:
-        return {
-            "llmlingua": self._llmlingua_loaded,
-            "system_prompt_tokens": self._preparer.system_prompt_tokens,
-        }
+    async def check_health(self) -> None:
+        """Serve's health check: the models are loaded (nothing that waits on requests)."""
+        if self._preparer.system_prompt_tokens < 1:
+            raise RuntimeError("the serving tokenizer is not loaded")

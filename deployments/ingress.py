@@ -1,23 +1,40 @@
-"""Ingress stage: the FastAPI app, wired to the other stages through their handles."""
+"""Ingress deployment: the FastAPI app, wired to the other stages through their handles.
+
+Readiness comes from Serve's own view of the application (how many replicas of each stage
+are running), refreshed in the background, never from calls that queue behind requests.
+The ingress also keeps a prompt preparer of its own, with no compressor, for the requests
+the compressor stage cannot take: the uncompressed context cut to the token budget.
+"""
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 from fastapi import FastAPI
 from ray import serve
 from ray.serve.handle import DeploymentHandle
 
+from app.admission import InFlightGate, KeyRateLimiter
 from app.api import ApiState, create_api
-from app.config import RagAppConfig
-from app.log import get_logger
-from app.metrics import PipelineMetrics
-from app.pipeline import RagPipeline
-from app.readiness import Readiness
+from app.config import PROJECT_ROOT, RagAppConfig
+from app.readiness import ReadinessMonitor, ReplicaCounts
 from app.settings import load_settings
-from app.stages import HandleStages
+from deployments.handles import HandleStages
+from deployments.metrics import PipelineMetrics
+from pipeline.log import get_logger
+from pipeline.rag import RagPipeline
+from retrieval.models import resolve_model_reference
+from retrieval.preparation import PromptPreparer
 
 logger = get_logger(__name__)
+
+# Deployment name -> the stage it serves.
+STAGE_OF_DEPLOYMENT = {
+    "Retriever": "retriever",
+    "Compressor": "compressor",
+    "Generator": "generator",
+}
 
 
 @serve.ingress()
@@ -30,34 +47,68 @@ class RagIngress:
         generator: DeploymentHandle,
     ) -> None:
         settings = load_settings()
-        stages = HandleStages(retriever, compressor, generator)
-
-        async def retriever_ready() -> object:
-            return await retriever.ready.remote()
-
-        async def compressor_ready() -> object:
-            return await compressor.ready.remote()
-
-        async def generator_ready() -> object:
-            return await generator.check_health.remote()
-
-        readiness = Readiness(
-            {
-                "retriever": retriever_ready,
-                "compressor": compressor_ready,
-                "generator": generator_ready,
-            },
+        fallback = PromptPreparer.load(
+            resolve_model_reference(config.generator.model_source, PROJECT_ROOT),
+            config.prompt.system_prompt,
+            config.generator.max_model_len,
+            margin_tokens=config.prompt.margin_tokens,
+        )
+        readiness = ReadinessMonitor(
+            _running_replicas,
+            required=("retriever", "generator"),
+            optional=("compressor",),
+            refresh_s=config.ingress.readiness_refresh_s,
             timeout_s=config.ingress.readiness_timeout_s,
         )
+
+        def available(stage: str) -> bool:
+            # Until the first report, let calls go: Serve's own queue decides.
+            report = readiness.report
+            return report.checked_at is None or report.stages.get(stage) == "ready"
+
+        pipeline = RagPipeline(
+            HandleStages(retriever, compressor, generator, available),
+            fallback=fallback,
+            compressor_timeout_s=config.compression.timeout_s,
+            metrics=PipelineMetrics(),
+        )
+        limit = config.ingress.rate_limit
         self._state = ApiState(
-            pipeline=RagPipeline(stages, PipelineMetrics()),
+            pipeline=pipeline,
             config=config,
             settings=settings,
             readiness=readiness,
             started_at=int(time.time()),
+            gate=InFlightGate(config.in_flight_limit()),
+            rate_limiter=KeyRateLimiter(limit.requests_per_s, limit.burst) if limit else None,
+            serve_request_id=_serve_request_id,
         )
-        logger.info("ingress ready (auth %s)", "on" if settings.auth_required else "off")
+        logger.info(
+            "ingress ready (auth %s, %d requests in flight at most)",
+            "on" if settings.auth_required else "off",
+            self._state.gate.limit,
+        )
 
     def __serve_build_asgi_app__(self) -> FastAPI:
         """Serve calls this after the constructor: the app is built around this replica's state."""
         return create_api(self._state)
+
+
+async def _running_replicas() -> ReplicaCounts:
+    """Running replicas per stage of this application, as Serve's controller reports them."""
+    app_name = serve.get_replica_context().app_name
+    status = await asyncio.to_thread(serve.status)
+    application = status.applications.get(app_name)
+    if application is None:
+        return {}
+    return {
+        STAGE_OF_DEPLOYMENT[name]: int(deployment.replica_states.get("RUNNING", 0))
+        for name, deployment in application.deployments.items()
+        if name in STAGE_OF_DEPLOYMENT
+    }
+
+
+def _serve_request_id() -> str | None:
+    from ray.serve.context import _get_serve_request_context
+
+    return _get_serve_request_context().request_id or None

@@ -11,6 +11,7 @@ import os
 import shutil
 import tempfile
 import time
+import uuid
 from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
@@ -64,6 +65,8 @@ def build_index(
         extra={
             "num_documents": len(documents),
             "built_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            # Two builds of the same counts in the same second still get distinct versions.
+            "build_id": uuid.uuid4().hex,
         },
     )
     index = FaissIndex.build(

@@ -15,37 +15,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Literal, Protocol
+from typing import Protocol
 
 import numpy as np
 
+from pipeline.messages import CompressionPlan
 from retrieval.budget import TokenCounter
 from retrieval.context import ContextChunk
-
-CompressionMethod = Literal["none", "sentences", "llmlingua", "sentences+llmlingua"]
-COMPRESSION_METHODS: tuple[CompressionMethod, ...] = (
-    "none",
-    "sentences",
-    "llmlingua",
-    "sentences+llmlingua",
-)
-
-
-@dataclass(frozen=True)
-class CompressionPlan:
-    """How much to keep: a `rate` (fraction of context tokens) or an absolute `target_tokens`."""
-
-    method: CompressionMethod
-    rate: float = 0.5
-    target_tokens: int | None = None
-    # "always", or "auto": only when retrieval.cost_model predicts it pays (PromptPreparer).
-    policy: str = "always"
-
-    def target_for(self, tokens_before: int) -> int:
-        if self.target_tokens is not None:
-            return min(self.target_tokens, tokens_before)
-        return min(tokens_before, max(1, math.ceil(self.rate * tokens_before)))
 
 
 class ChunkCompressor(Protocol):

@@ -22,10 +22,8 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Literal
 
-CompressionPolicy = Literal["always", "auto"]
-COMPRESSION_POLICIES: tuple[CompressionPolicy, ...] = ("always", "auto")
+from pipeline.messages import CompressionDecision
 
 
 @dataclass(frozen=True)
@@ -48,15 +46,6 @@ class CompressorCost:
 
     def predict_ms(self, tokens: int, chunks: int) -> float:
         return self.ms_per_chunk * chunks + self.ms_per_token * tokens
-
-
-@dataclass(frozen=True)
-class CompressionDecision:
-    """What `auto` predicted for one request, and whether it compressed."""
-
-    compress: bool
-    predicted_saving_ms: float
-    predicted_cost_ms: float
 
 
 @dataclass(frozen=True)

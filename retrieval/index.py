@@ -7,6 +7,7 @@ where faiss sees a GPU, `flat` and `ivf` indexes are moved to it when asked.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 from collections.abc import Sequence
@@ -16,8 +17,8 @@ from typing import Literal
 
 import numpy as np
 
+from pipeline.messages import RetrievedChunk
 from retrieval.chunking import Chunk
-from retrieval.context import ContextChunk
 
 logger = logging.getLogger(__name__)
 
@@ -108,40 +109,45 @@ class FaissIndex:
         (directory / MANIFEST_FILE).write_text(json.dumps(asdict(self.manifest), indent=2))
 
     @classmethod
-    def load(cls, directory: Path, use_gpu: bool = False) -> FaissIndex:
-        """Read an index written by `save`; move it to the GPUs when asked and available."""
+    def load(
+        cls, directory: Path, use_gpu: bool = False, with_sentence_embeddings: bool = True
+    ) -> FaissIndex:
+        """Read an index written by `save`; move it to the GPUs when asked and available.
+
+        A searcher that never compresses can skip the sentence embeddings (the largest file).
+        """
         import faiss
 
         directory = Path(directory)
-        if not (directory / MANIFEST_FILE).exists():
-            raise FileNotFoundError(
-                f"no index at {directory}: build one with `python -m retrieval.build`"
-            )
-        manifest = Manifest(**json.loads((directory / MANIFEST_FILE).read_text()))
-        if manifest.format_version != FORMAT_VERSION:
-            raise ValueError(f"index format {manifest.format_version} is not {FORMAT_VERSION}")
+        manifest = read_manifest(directory)
         faiss_index = faiss.read_index(str(directory / INDEX_FILE))
         if use_gpu:
             faiss_index = _maybe_to_gpu(faiss_index, manifest.index.get("kind", "flat"))
-        chunks = [_read_chunk(line) for line in (directory / CHUNKS_FILE).open(encoding="utf-8")]
-        sentence_embeddings = np.load(directory / SENTENCES_FILE)
+        chunks = read_chunks(directory)
+        sentence_embeddings = (
+            np.load(directory / SENTENCES_FILE)
+            if with_sentence_embeddings
+            else np.zeros((0, manifest.dimension), dtype=np.float32)
+        )
         if len(chunks) != faiss_index.ntotal:
             raise ValueError(f"{directory}: {len(chunks)} chunks but {faiss_index.ntotal} vectors")
         return cls(faiss_index, chunks, sentence_embeddings, manifest)
 
-    def context_chunk(self, hit: SearchHit) -> ContextChunk:
-        """A search hit as the retrieved chunk the compressor takes, sentence embeddings
-        included."""
-        stored = self.chunks[hit.position]
-        chunk = stored.chunk
-        return ContextChunk(
+    @property
+    def version(self) -> str:
+        """Identifies this build of the index (see `manifest_version`)."""
+        return manifest_version(self.manifest)
+
+    def retrieved_chunk(self, hit: SearchHit) -> RetrievedChunk:
+        """A search hit as the retriever returns it: the chunk's identity, text and score."""
+        chunk = self.chunks[hit.position].chunk
+        return RetrievedChunk(
             chunk_id=chunk.chunk_id,
             doc_id=chunk.doc_id,
             title=chunk.title,
             text=chunk.text,
             score=hit.score,
-            sentences=tuple(chunk.sentences),
-            sentence_embeddings=self.sentence_embeddings[list(stored.sentence_rows)],
+            row=hit.position,
         )
 
     def set_search_params(self, nprobe: int | None = None, ef_search: int | None = None) -> None:
@@ -197,6 +203,32 @@ def _to_cpu(faiss_index):
     if hasattr(faiss, "index_gpu_to_cpu") and "Gpu" in type(faiss_index).__name__:
         return faiss.index_gpu_to_cpu(faiss_index)
     return faiss_index
+
+
+def read_manifest(directory: Path) -> Manifest:
+    """The manifest of the index in `directory`; a clear error when there is none."""
+    path = Path(directory) / MANIFEST_FILE
+    if not path.exists():
+        raise FileNotFoundError(
+            f"no index at {directory}: build one with `python -m retrieval.build`"
+        )
+    manifest = Manifest(**json.loads(path.read_text()))
+    if manifest.format_version != FORMAT_VERSION:
+        raise ValueError(f"index format {manifest.format_version} is not {FORMAT_VERSION}")
+    return manifest
+
+
+def manifest_version(manifest: Manifest) -> str:
+    """A short digest of the manifest: two loads of the same build agree, two builds differ
+    (the manifest records a random build id)."""
+    canonical = json.dumps(asdict(manifest), sort_keys=True).encode()
+    return hashlib.sha256(canonical).hexdigest()[:16]
+
+
+def read_chunks(directory: Path) -> list[IndexedChunk]:
+    """Every chunk of the index in `directory`, in row order."""
+    with (Path(directory) / CHUNKS_FILE).open(encoding="utf-8") as lines:
+        return [_read_chunk(line) for line in lines]
 
 
 def _read_chunk(line: str) -> IndexedChunk:

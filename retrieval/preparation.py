@@ -1,20 +1,30 @@
-"""From retrieved chunks to the chat messages vLLM receives: sanitise, compress, fit, assemble."""
+"""From a retrieval to the chat messages vLLM receives: sanitise, compress, fit, assemble.
+
+`PromptPreparer` is the compressor stage without Ray: the deployment wraps it, the ingress
+keeps one without compressors as its fallback (the uncompressed context, cut to the token
+budget), and tests and benchmarks construct it directly.
+"""
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
+from pathlib import Path
 
-from retrieval.budget import context_budget_tokens, fit_to_budget
-from retrieval.compression import (
-    ChunkCompressor,
+from pipeline.messages import (
+    CompressionDecision,
     CompressionPlan,
-    compress_chunks,
-    count_context_tokens,
+    PreparedPrompt,
+    Retrieval,
+    StageTiming,
 )
-from retrieval.context import ContextChunk, Retrieval
-from retrieval.cost_model import CompressionCostModel, CompressionDecision
+from retrieval.budget import context_budget_tokens, fit_to_budget
+from retrieval.compression import ChunkCompressor, compress_chunks, count_context_tokens
+from retrieval.context import ContextChunk
+from retrieval.cost_model import CompressionCostModel
+from retrieval.llmlingua_compressor import LLMLinguaCompressor, LLMLinguaOptions, ScorerDType
 from retrieval.prompt import build_messages, neutralize
+from retrieval.sentence_store import SentenceStore
 from retrieval.tokens import ServingTokenizer
 
 
@@ -23,18 +33,14 @@ class PromptTooLongError(ValueError):
 
 
 @dataclass(frozen=True)
-class PreparedPrompt:
-    """The generator's input, and what compression and budgeting did to get there."""
+class LLMLinguaLoad:
+    """Where LLMLingua's scorer comes from and how it scores (PromptPreparer.load)."""
 
-    messages: list[dict[str, str]]
-    chunks: tuple[ContextChunk, ...]
-    method: str
-    context_tokens_before: int
-    context_tokens_after: int
-    compress_ms: float
-    truncated: bool
-    # Set when the plan's policy was "auto": what the cost model predicted and chose.
-    decision: CompressionDecision | None = None
+    model_path: str
+    options: LLMLinguaOptions = field(default_factory=LLMLinguaOptions)
+    device: str = "cpu"
+    dtype: ScorerDType = "float32"
+    tiktoken_cache_dir: str | None = None
 
 
 class PromptPreparer:
@@ -49,6 +55,7 @@ class PromptPreparer:
         chunk_compressor: ChunkCompressor | None = None,
         sentence_prefilter_rate: float = 0.5,
         cost_model: CompressionCostModel | None = None,
+        sentence_store: SentenceStore | None = None,
     ) -> None:
         self._tokenizer = tokenizer
         self._system_prompt = system_prompt
@@ -57,22 +64,73 @@ class PromptPreparer:
         self._chunk_compressor = chunk_compressor
         self._sentence_prefilter_rate = sentence_prefilter_rate
         self._cost_model = cost_model
+        self._sentence_store = sentence_store
         self._reserved = tokenizer.reserved_strings()
-        # The system prompt never changes: count it once, not on every readiness probe.
+        # The system prompt never changes: count it once.
         self.system_prompt_tokens = tokenizer.count_chat(
             [{"role": "system", "content": system_prompt}]
         )
 
+    @classmethod
+    def load(
+        cls,
+        tokenizer_path: str,
+        system_prompt: str,
+        max_model_len: int,
+        *,
+        margin_tokens: int = 16,
+        index_path: Path | None = None,
+        llmlingua: LLMLinguaLoad | None = None,
+        sentence_prefilter_rate: float = 0.5,
+        cost_model: CompressionCostModel | None = None,
+    ) -> PromptPreparer:
+        """Load what preparation needs: the serving tokenizer, the index's sentence store
+        (for sentence selection) and LLMLingua's scorer, each only when given."""
+        compressor = None
+        if llmlingua is not None:
+            compressor = LLMLinguaCompressor.load(
+                llmlingua.model_path,
+                llmlingua.options,
+                device=llmlingua.device,
+                dtype=llmlingua.dtype,
+                tiktoken_cache_dir=llmlingua.tiktoken_cache_dir,
+            )
+        return cls(
+            ServingTokenizer.load(tokenizer_path),
+            system_prompt,
+            max_model_len,
+            margin_tokens,
+            compressor,
+            sentence_prefilter_rate,
+            cost_model,
+            SentenceStore.load(index_path) if index_path is not None else None,
+        )
+
+    @property
+    def has_chunk_compressor(self) -> bool:
+        return self._chunk_compressor is not None
+
     def prepare(
-        self, question: str, retrieval: Retrieval, plan: CompressionPlan, max_output_tokens: int
+        self,
+        question: str,
+        retrieval: Retrieval,
+        plan: CompressionPlan,
+        max_output_tokens: int,
+        degraded: str | None = None,
     ) -> PreparedPrompt:
         """Compress the context per `plan`, cut it to the token budget, build the messages.
 
-        Raises PromptTooLongError when even an empty context does not fit, and ValueError
-        when `plan` names a method whose compressor is not loaded.
+        A plan this preparer cannot follow (no sentence store for this index, no LLMLingua)
+        falls back to the uncompressed context and says why in `degraded`. Raises
+        PromptTooLongError when even an empty context does not fit.
         """
+        started_at_s, started = time.time(), time.perf_counter()
         question = neutralize(question, self._reserved).strip()
-        chunks = [self._sanitized(chunk) for chunk in retrieval.chunks]
+        chunks, no_sentences = self._context_chunks(retrieval)
+        if "sentences" not in plan.method:
+            no_sentences = None  # LLMLingua alone needs no sentence embeddings
+        if plan.method != "none" and (reason := no_sentences or self._missing_compressor(plan)):
+            plan, degraded = replace(plan, method="none"), degraded or reason
         count = self._tokenizer.count
         tokens_before = count_context_tokens(chunks, count)
         fixed_tokens = self._tokenizer.count_chat(build_messages(self._system_prompt, [], question))
@@ -91,7 +149,7 @@ class PromptPreparer:
             if not decision.compress:
                 plan = replace(plan, method="none")
 
-        started = time.perf_counter()
+        compress_started = time.perf_counter()
         compressed = compress_chunks(
             plan,
             question,
@@ -101,19 +159,40 @@ class PromptPreparer:
             self._chunk_compressor,
             self._sentence_prefilter_rate,
         )
-        compress_ms = (time.perf_counter() - started) * 1000
+        compress_ms = (time.perf_counter() - compress_started) * 1000
         kept, truncated = fit_to_budget(compressed, count, budget)
-        kept = [replace(chunk, sentence_embeddings=None) for chunk in kept]
         return PreparedPrompt(
             messages=build_messages(self._system_prompt, kept, question),
-            chunks=tuple(kept),
+            sources=tuple(chunk.as_source() for chunk in kept),
             method=plan.method,
             context_tokens_before=tokens_before,
             context_tokens_after=count_context_tokens(kept, count),
             compress_ms=compress_ms,
             truncated=truncated,
+            timing=StageTiming(started_at_s, (time.perf_counter() - started) * 1000),
             decision=decision,
+            degraded=degraded,
         )
+
+    def _context_chunks(self, retrieval: Retrieval) -> tuple[list[ContextChunk], str | None]:
+        """The retrieved chunks, sanitised, with sentence embeddings where the store has them;
+        the second value says why sentence selection is impossible, if it is."""
+        store = self._sentence_store
+        if store is None:
+            chunks = [ContextChunk.without_embeddings(c) for c in retrieval.chunks]
+            reason: str | None = "no_sentence_store"
+        elif store.version != retrieval.index_version:
+            chunks = [ContextChunk.without_embeddings(c) for c in retrieval.chunks]
+            reason = "index_version_mismatch"
+        else:
+            chunks = [store.context_chunk(c) for c in retrieval.chunks]
+            reason = None
+        return [self._sanitized(chunk) for chunk in chunks], reason
+
+    def _missing_compressor(self, plan: CompressionPlan) -> str | None:
+        if "llmlingua" in plan.method and self._chunk_compressor is None:
+            return "llmlingua_not_loaded"
+        return None
 
     def _decide(
         self,

@@ -10,8 +10,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Sequence
-
-from retrieval.context import ContextChunk
+from typing import Protocol
 
 DEFAULT_SYSTEM_PROMPT = """\
 You are a careful assistant that answers questions about a document collection.
@@ -30,6 +29,20 @@ followed by one question. Follow these rules on every answer:
 5. If the question is ambiguous, answer the most likely reading and say which one you chose.
 """
 
+
+class Source(Protocol):
+    """Anything with a chunk id, a title and text (a ContextChunk, a PromptSource)."""
+
+    @property
+    def chunk_id(self) -> str: ...
+
+    @property
+    def title(self) -> str: ...
+
+    @property
+    def text(self) -> str: ...
+
+
 _FENCE = re.compile(r"</?\s*source\b[^>]*>", re.IGNORECASE)
 
 
@@ -41,7 +54,7 @@ def neutralize(text: str, reserved_strings: Iterable[str] = ()) -> str:
     return _FENCE.sub(" ", text)
 
 
-def render_context(chunks: Sequence[ContextChunk]) -> str:
+def render_context(chunks: Sequence[Source]) -> str:
     """The sources block of the user message; ids are what answers cite."""
     return "\n".join(
         f'<source id="{_attribute(chunk.chunk_id)}" title="{_attribute(chunk.title)}">\n'
@@ -51,7 +64,7 @@ def render_context(chunks: Sequence[ContextChunk]) -> str:
 
 
 def build_messages(
-    system_prompt: str, chunks: Sequence[ContextChunk], question: str
+    system_prompt: str, chunks: Sequence[Source], question: str
 ) -> list[dict[str, str]]:
     """Chat messages: static system prompt first, then sources and the question."""
     sources = render_context(chunks) if chunks else "(no sources were found)"

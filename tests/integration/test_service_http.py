@@ -67,10 +67,10 @@ def assert_error(response: httpx.Response, status: int, param: str | None = None
 def test_health_and_readiness(service, client):
     assert httpx.get(f"{service.base_url}/healthz").json() == {"status": "ok"}
     ready = httpx.get(f"{service.base_url}/readyz").json()
-    assert ready == {
-        "ready": True,
-        "stages": {"retriever": "ready", "compressor": "ready", "generator": "ready"},
-    }
+    assert ready["ready"] is True
+    assert ready["stages"] == {"retriever": "ready", "compressor": "ready", "generator": "ready"}
+    assert ready["degraded"] == []
+    assert all(count >= 1 for count in ready["replicas"].values())
 
 
 def test_rag_query_answers_with_sources_usage_and_timings(client, chunk_ids):
@@ -83,7 +83,13 @@ def test_rag_query_answers_with_sources_usage_and_timings(client, chunk_ids):
     assert usage["prompt_tokens"] > usage["context_tokens_after"] > 0
     timings = body["timings_ms"]
     assert 0 < timings["retrieve"] < timings["ttft"] <= timings["total"]
+    assert 0 < timings["compress"] < timings["ttft"]
+    assert timings["queue"] >= 0 and timings["network"] >= 0
+    # The stages' own times and the hops' overheads fit inside the time to first token.
+    parts = timings["retrieve"] + timings["compress"] + timings["queue"] + timings["network"]
+    assert parts < timings["ttft"]
     assert body["compression_method"] == "sentences"
+    assert body["degraded"] is None
 
 
 def test_repeated_prompt_is_served_from_the_prefix_cache(client):

@@ -1,11 +1,11 @@
-"""app.api over HTTP: health, readiness, /v1/rag/query, validation, error mapping, auth.
+"""app.api over HTTP: health, readiness, admission, /v1/rag/query, validation, error mapping,
+auth.
 
 The stages are fakes (tests/unit/app/conftest.py): these tests are about the HTTP layer.
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
 
 import pytest
@@ -13,9 +13,13 @@ from fastapi.testclient import TestClient
 
 from app.api import create_api
 from app.config import IngressConfig, RagAppConfig
-from app.errors import StageError
 from app.settings import Settings
-from retrieval.compression import CompressionPlan
+from pipeline.messages import (
+    CompressionPlan,
+    ErrorEvent,
+    StageError,
+    TokenEvent,
+)
 
 ANSWER = "Paged attention stores KV in blocks [kv#0]."
 QUERY = "/v1/rag/query"
@@ -48,15 +52,6 @@ def error_of(response, status: int, type_: str, param=None, code=None) -> str:
     return body["error"]["message"]
 
 
-async def never_answers() -> object:
-    await asyncio.sleep(30)
-    return None
-
-
-async def fails() -> object:
-    raise ConnectionError("replica died")
-
-
 # --- health and readiness -----------------------------------------------------------------
 
 
@@ -66,38 +61,43 @@ def test_healthz_is_ok(client):
     assert (response.status_code, response.json()) == (200, {"status": "ok"})
 
 
-def test_readyz_is_200_when_every_stage_answers(client):
+def test_readyz_is_200_when_every_stage_has_a_running_replica(client):
     response = client.get("/readyz")
 
     assert response.status_code == 200
-    assert response.json() == {
-        "ready": True,
-        "stages": {"retriever": "ready", "compressor": "ready", "generator": "ready"},
-    }
+    body = response.json()
+    assert body["ready"] is True
+    assert body["stages"] == {"retriever": "ready", "generator": "ready", "compressor": "ready"}
+    assert body["degraded"] == []
 
 
-@pytest.mark.parametrize(("probe", "status"), [(never_answers, "starting"), (fails, "unavailable")])
-def test_readyz_is_503_when_a_stage_times_out_or_fails(client_for, probe, status):
-    async def ok() -> object:
-        return True
-
-    client = client_for(probes={"retriever": ok, "generator": probe}, readiness_timeout_s=0.1)
+def test_readyz_is_503_when_a_required_stage_has_no_replica(client_for, stages):
+    client = client_for(stages=stages, replicas={"retriever": 1, "generator": 0})
 
     response = client.get("/readyz")
 
     assert response.status_code == 503
-    assert response.json() == {
-        "ready": False,
-        "stages": {"retriever": "ready", "generator": status},
-    }
+    assert response.json()["stages"]["generator"] == "unavailable"
+    assert stages.calls == []
 
 
-def test_v1_routes_are_refused_until_the_stages_are_ready(client_for, stages):
-    client = client_for(stages=stages, probes={"generator": fails})
+def test_readyz_stays_200_with_the_compressor_down_and_says_degraded(client_for):
+    client = client_for(replicas={"retriever": 1, "generator": 1, "compressor": 0})
+
+    response = client.get("/readyz")
+
+    assert response.status_code == 200
+    assert response.json()["degraded"] == ["compressor"]
+
+
+def test_v1_routes_are_refused_fast_with_retry_after_until_ready(client_for, stages):
+    client = client_for(stages=stages, replicas={"retriever": 1, "generator": 0})
 
     response = client.post(QUERY, json={"question": "Why?"})
 
-    assert "not ready" in error_of(response, 503, "service_unavailable", code="not_ready")
+    message = error_of(response, 503, "service_unavailable", code="not_ready")
+    assert "generator" in message
+    assert response.headers["retry-after"] == "1"
     assert stages.calls == []
 
 
@@ -138,7 +138,8 @@ def test_query_returns_answer_sources_usage_and_timings(client, stages):
     assert (body["compression_method"], body["context_truncated"]) == ("sentences", False)
     assert body["finish_reason"] == "stop"
     timings = body["timings_ms"]
-    assert set(timings) == {"retrieve", "compress", "ttft", "total"}
+    assert set(timings) == {"retrieve", "compress", "queue", "network", "ttft", "total"}
+    assert (timings["retrieve"], timings["compress"]) == (1.5, 0.4)  # the stages' own times
     assert 0 <= timings["ttft"] <= timings["total"]
     # Two 10 ms pauses come after the first token: TPOT = (total - ttft) / (3 - 1).
     assert body["tpot_ms"] >= 9
@@ -295,9 +296,7 @@ def test_stage_error_from_the_compressor_maps_to_its_status(client, stages):
 
 @pytest.mark.parametrize("stream", [False, True])
 def test_generation_refused_before_the_first_token_is_a_json_error(client, stages, stream):
-    stages.events = (
-        {"type": "error", "status": 400, "message": "prompt too long", "error_type": "BadRequest"},
-    )
+    stages.events = (ErrorEvent(StageError(400, "prompt too long", "BadRequest")),)
 
     response = client.post(QUERY, json={"question": "Q?", "stream": stream})
 
@@ -306,7 +305,7 @@ def test_generation_refused_before_the_first_token_is_a_json_error(client, stage
 
 @pytest.mark.parametrize("stream", [False, True])
 def test_generator_crash_before_the_first_token_is_502(client, stages, stream):
-    stages.events = ({"type": "error", "status": 500, "message": "CUDA error: secret detail"},)
+    stages.events = (ErrorEvent(StageError(500, "CUDA error: secret detail", "server_error")),)
 
     response = client.post(QUERY, json={"question": "Q?", "stream": stream})
 
@@ -315,10 +314,7 @@ def test_generator_crash_before_the_first_token_is_502(client, stages, stream):
 
 
 def test_generation_error_after_the_first_token_ends_the_stream_with_an_error_event(client, stages):
-    stages.events = (
-        {"type": "token", "text": "Partial"},
-        {"type": "error", "status": 500, "message": "engine died"},
-    )
+    stages.events = (TokenEvent("Partial"), ErrorEvent(StageError(500, "engine died")))
 
     response = client.post(QUERY, json={"question": "Q?", "stream": True})
 
@@ -326,21 +322,19 @@ def test_generation_error_after_the_first_token_ends_the_stream_with_an_error_ev
     events = sse(response.text)
     assert [name for name, _ in events] == ["sources", "delta", "error", None]
     assert json.loads(events[2][1])["error"]["code"] == "generation_failed"
+    assert "engine died" not in response.text
     assert events[-1] == (None, "[DONE]")
 
 
 def test_generation_error_after_the_first_token_without_stream_is_a_json_error(client, stages):
-    stages.events = (
-        {"type": "token", "text": "Partial"},
-        {"type": "error", "status": 500, "message": "engine died"},
-    )
+    stages.events = (TokenEvent("Partial"), ErrorEvent(StageError(500, "engine died")))
 
     response = client.post(QUERY, json={"question": "Q?"})
 
     error_of(response, 502, "server_error", code="generation_failed")
 
 
-@pytest.mark.parametrize("stage", ["retrieve", "prepare", "generate"])
+@pytest.mark.parametrize("stage", ["retrieve", "generate"])
 @pytest.mark.parametrize("stream", [False, True])
 def test_unexpected_exception_is_500_without_a_traceback(client, stages, stage, stream):
     boom = RuntimeError("secret internal detail")
@@ -363,7 +357,7 @@ def test_unexpected_exception_is_500_without_a_traceback(client, stages, stage, 
 
 
 def test_exception_after_the_first_token_becomes_a_final_error_event(client, stages):
-    stages.events = ({"type": "token", "text": "Partial"}, RuntimeError("secret internal detail"))
+    stages.events = (TokenEvent("Partial"), RuntimeError("secret internal detail"))
 
     response = client.post(
         QUERY, json={"question": "Q?", "stream": True}, headers={"x-request-id": "req-s"}
@@ -384,7 +378,7 @@ def test_exception_after_the_first_token_becomes_a_final_error_event(client, sta
 
 
 def test_request_past_its_deadline_is_504(client_for, stages):
-    stages.events = (5.0, {"type": "token", "text": "late"})
+    stages.events = (5.0, TokenEvent("late"))
     client = client_for(
         stages=stages, config=RagAppConfig(ingress=IngressConfig(request_timeout_s=0.2))
     )
@@ -395,7 +389,7 @@ def test_request_past_its_deadline_is_504(client_for, stages):
 
 
 def test_stream_past_its_deadline_ends_with_a_timeout_event(client_for, stages):
-    stages.events = ({"type": "token", "text": "early"}, 5.0, {"type": "token", "text": "late"})
+    stages.events = (TokenEvent("early"), 5.0, TokenEvent("late"))
     client = client_for(
         stages=stages, config=RagAppConfig(ingress=IngressConfig(request_timeout_s=0.3))
     )
@@ -465,7 +459,10 @@ def test_models_lists_the_served_model(client):
 def test_openapi_document_declares_the_error_responses(client):
     paths = client.get("/openapi.json").json()["paths"]
 
-    assert {"200", "400", "401", "503", "504"} <= set(paths[QUERY]["post"]["responses"])
+    responses = paths[QUERY]["post"]["responses"]
+    assert {"200", "400", "401", "413", "429", "500", "502", "503", "504"} <= set(responses)
+    error_schema = responses["502"]["content"]["application/json"]["schema"]
+    assert error_schema == {"$ref": "#/components/schemas/ErrorBody"}
     assert "503" in paths["/readyz"]["get"]["responses"]
 
 

@@ -6,13 +6,13 @@ import json
 
 from app.errors import (
     ApiError,
-    StageError,
     bad_request,
     error_body,
     error_response,
     internal,
     overloaded,
 )
+from pipeline.messages import StageError
 
 
 def test_error_body_is_the_openai_shape_with_the_request_id_appended_once():
@@ -45,7 +45,7 @@ def test_stage_error_keeps_every_field():
 
 
 def test_error_response_carries_status_headers_and_request_id():
-    response = error_response(overloaded("retriever at capacity"), "r9")
+    response = error_response(overloaded("retriever at capacity", retry_after_s=1), "r9")
 
     assert response.status_code == 503
     assert response.headers["retry-after"] == "1"

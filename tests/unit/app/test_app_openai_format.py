@@ -12,6 +12,7 @@ import pytest
 
 from app.openai_format import question_of
 from app.schemas import ChatCompletionRequest
+from pipeline.messages import ErrorEvent, StageError, TokenEvent
 
 MODEL = "smollm2-135m-instruct"
 ANSWER = "Paged attention stores KV in blocks [kv#0]."
@@ -130,9 +131,7 @@ def test_stream_without_include_usage_has_no_usage_chunk(client):
 
 
 def test_stream_refused_before_the_first_token_is_a_json_error(client, stages):
-    stages.events = (
-        {"type": "error", "status": 400, "message": "too long", "error_type": "BadRequestError"},
-    )
+    stages.events = (ErrorEvent(StageError(400, "too long", "BadRequestError")),)
 
     response = client.post(CHAT, json=chat(stream=True))
 
@@ -213,10 +212,7 @@ def test_openai_client_sees_api_errors_as_typed_exceptions(openai_client):
 
 
 def test_openai_client_raises_on_an_error_after_the_first_token(openai_client, stages):
-    stages.events = (
-        {"type": "token", "text": "Partial"},
-        {"type": "error", "status": 500, "message": "engine died"},
-    )
+    stages.events = (TokenEvent("Partial"), ErrorEvent(StageError(500, "engine died")))
     stream = openai_client.chat.completions.create(
         model=MODEL, messages=[{"role": "user", "content": "Q?"}], stream=True
     )

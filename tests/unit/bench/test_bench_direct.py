@@ -40,7 +40,7 @@ from bench.direct import (
 from bench.loadgen import RequestRecord
 from bench.service import ServiceError, free_port
 from bench.stats import summarize
-from retrieval.compression import COMPRESSION_METHODS
+from pipeline.messages import COMPRESSION_METHODS
 
 ROOT = Path(__file__).resolve().parents[3]
 

@@ -533,7 +533,7 @@ def test_write_variant_applies_nested_overrides_and_sets_the_port(tmp_path):
     assert args["generator"]["engine_kwargs"]["dtype"] == "bfloat16"
     assert args["generator"]["engine_kwargs"]["enable_prefix_caching"] is True
     assert document["http_options"] == {"host": "127.0.0.1", "port": 8123}
-    assert document["applications"][0]["import_path"] == "app.builder:build_app"
+    assert document["applications"][0]["import_path"] == "deployments.builder:build_app"
     assert parse_config(args).retriever.nprobe == 4
     assert BASE_CONFIG.read_text() == base_text
 

@@ -7,13 +7,8 @@ import math
 import numpy as np
 import pytest
 
-from retrieval.compression import (
-    COMPRESSION_METHODS,
-    CompressionPlan,
-    compress_chunks,
-    count_context_tokens,
-    select_sentences,
-)
+from pipeline.messages import COMPRESSION_METHODS, CompressionPlan
+from retrieval.compression import compress_chunks, count_context_tokens, select_sentences
 from retrieval.context import ContextChunk
 
 QUESTION = np.array([1.0, 0.0, 0.0, 0.0], dtype=np.float32)

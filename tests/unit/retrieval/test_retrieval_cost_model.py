@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from pipeline.messages import CompressionDecision
 from retrieval.cost_model import CompressionCostModel, CompressorCost, PrefillCost
 
 MODEL = CompressionCostModel(
@@ -39,6 +40,7 @@ def test_unknown_method_is_an_error():
 
 def test_auto_skips_a_compressor_that_costs_more_than_it_saves():
     decision = MODEL.decide("llmlingua", 1000, 500, 5, 50)
+    assert isinstance(decision, CompressionDecision)  # the type the stages send each other
     assert not decision.compress
     assert decision.predicted_saving_ms == pytest.approx(1800.0)
     assert decision.predicted_cost_ms == pytest.approx(5500.0)

@@ -1,12 +1,16 @@
-"""retrieval.index: FaissIndex build/save/load/search with real faiss on small vectors."""
+"""retrieval.index: FaissIndex build/save/load/search with real faiss on small vectors, the
+hits as RetrievedChunks, and the version that ties an index to its sentence store."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import re
 
 import numpy as np
 import pytest
 
+from pipeline.messages import RetrievedChunk
 from retrieval.chunking import Chunk
 from retrieval.index import (
     CHUNKS_FILE,
@@ -18,6 +22,9 @@ from retrieval.index import (
     IndexedChunk,
     IndexParams,
     Manifest,
+    manifest_version,
+    read_chunks,
+    read_manifest,
 )
 
 DIMENSION = 16
@@ -28,20 +35,23 @@ def unit_vectors(n: int, seed: int = 0) -> np.ndarray:
     return vectors / np.linalg.norm(vectors, axis=1, keepdims=True)
 
 
+def indexed_chunk(i: int) -> IndexedChunk:
+    """Chunk i: two sentences, "First of i." and "Second of i.", at sentence rows 2i, 2i+1."""
+    first, second = f"First of {i}.", f"Second of {i}."
+    return IndexedChunk(
+        chunk=Chunk(
+            chunk_id=f"doc{i % 3}#{i}",
+            doc_id=f"doc{i % 3}",
+            title=f"Title «{i}»",
+            text=f"{first} {second}",
+            sentence_spans=((0, len(first)), (len(first) + 1, len(first) + 1 + len(second))),
+        ),
+        sentence_rows=(2 * i, 2 * i + 1),
+    )
+
+
 def indexed_chunks(n: int) -> list[IndexedChunk]:
-    return [
-        IndexedChunk(
-            chunk=Chunk(
-                chunk_id=f"doc{i % 3}#{i}",
-                doc_id=f"doc{i % 3}",
-                title=f"Title «{i}»",
-                text=f"First of {i}. Second of {i}.",
-                sentence_spans=((0, 10 + len(str(i))), (12 + len(str(i)), 23 + 2 * len(str(i)))),
-            ),
-            sentence_rows=(2 * i, 2 * i + 1),
-        )
-        for i in range(n)
-    ]
+    return [indexed_chunk(i) for i in range(n)]
 
 
 def build(n: int, params: IndexParams) -> tuple[FaissIndex, np.ndarray]:
@@ -205,14 +215,78 @@ def test_search_on_an_empty_index_returns_no_hits():
     assert index.search(unit_vectors(1), 5) == [[]]
 
 
-def test_a_hit_becomes_its_context_chunk_with_its_own_sentence_embeddings():
+def test_a_hit_becomes_the_retrieved_chunk_at_its_row():
     index, vectors = build(20, IndexParams(kind="flat"))
-    [hits] = index.search(vectors[7:8], 1)
+    [hits] = index.search(vectors[7:8], 2)
 
-    chunk = index.context_chunk(hits[0])
+    first, second = (index.retrieved_chunk(hit) for hit in hits)
 
-    assert (chunk.chunk_id, chunk.doc_id, chunk.title) == ("doc1#7", "doc1", "Title «7»")
-    assert chunk.text == "First of 7. Second of 7."
-    assert chunk.sentences == tuple(index.chunks[7].chunk.sentences)
-    assert chunk.score == pytest.approx(hits[0].score)
-    np.testing.assert_array_equal(chunk.sentence_embeddings, index.sentence_embeddings[[14, 15]])
+    assert first == RetrievedChunk(
+        chunk_id="doc1#7",
+        doc_id="doc1",
+        title="Title «7»",
+        text="First of 7. Second of 7.",
+        score=hits[0].score,
+        row=7,
+    )
+    assert first.score == pytest.approx(1.0, abs=1e-5)
+    assert second.row == hits[1].position != 7
+    assert second.chunk_id == index.chunks[second.row].chunk.chunk_id
+    assert second.score == hits[1].score < first.score
+
+
+def test_version_is_the_manifest_digest_and_survives_save_and_load(tmp_path):
+    index, _ = build(6, IndexParams())
+    index.save(tmp_path)
+
+    version = index.version
+
+    assert re.fullmatch(r"[0-9a-f]{16}", version)
+    assert version == manifest_version(index.manifest)
+    assert FaissIndex.load(tmp_path).version == version
+    assert FaissIndex.load(tmp_path, with_sentence_embeddings=False).version == version
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"extra": {"built_at": "2026-01-01T00:00:01Z"}},
+        {"num_chunks": 7},
+        {"embedding_model": "other-model"},
+        {"chunking": {"chunk_tokens": 21, "overlap_tokens": 4}},
+    ],
+)
+def test_version_changes_with_any_manifest_field(change):
+    index, _ = build(6, IndexParams())
+    other = dataclasses.replace(index.manifest, **change)
+
+    assert manifest_version(other) != index.version
+    assert manifest_version(dataclasses.replace(index.manifest)) == index.version
+
+
+def test_load_can_skip_the_sentence_embeddings_and_still_search(tmp_path):
+    index, vectors = build(8, IndexParams())
+    index.save(tmp_path)
+
+    loaded = FaissIndex.load(tmp_path, with_sentence_embeddings=False)
+
+    assert loaded.sentence_embeddings.shape == (0, DIMENSION)
+    assert loaded.chunks == index.chunks
+    assert loaded.search(vectors[5:6], 1)[0][0].position == 5
+    assert FaissIndex.load(tmp_path).sentence_embeddings.shape == (16, DIMENSION)
+
+
+def test_read_manifest_and_read_chunks_return_what_was_saved(tmp_path):
+    index, _ = build(5, IndexParams())
+    index.save(tmp_path)
+
+    assert read_manifest(tmp_path) == index.manifest
+    chunks = read_chunks(tmp_path)
+    assert chunks == index.chunks
+    assert chunks[3].sentence_rows == (6, 7)
+    assert chunks[3].chunk.sentences == ["First of 3.", "Second of 3."]
+
+
+def test_read_manifest_explains_a_missing_index(tmp_path):
+    with pytest.raises(FileNotFoundError, match=r"no index at .*retrieval\.build"):
+        read_manifest(tmp_path / "missing")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from app.pipeline import RagResult
+from pipeline.rag import RagResult
 
 _LATENCY_BOUNDARIES_MS = [5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 30000, 60000]
 _TPOT_BOUNDARIES_MS = [5, 10, 20, 30, 50, 75, 100, 150, 250, 500, 1000]
@@ -10,7 +10,8 @@ _RATIO_BOUNDARIES = [0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0]
 
 
 class PipelineMetrics:
-    """Created inside the ingress replica (Ray metrics need a running worker)."""
+    """The pipeline's MetricsSink; created inside the ingress replica (Ray metrics need a
+    running worker)."""
 
     def __init__(self) -> None:
         from ray.serve import metrics
@@ -41,27 +42,36 @@ class PipelineMetrics:
         self._completed = metrics.Counter(
             "rag_requests_completed", description="Requests answered in full."
         )
+        self._degraded = metrics.Counter(
+            "rag_requests_degraded",
+            description="Requests answered with the uncompressed context against their plan.",
+            tag_keys=("reason",),
+        )
 
     def observe(self, result: RagResult) -> None:
-        timings = result.timings_ms
         for stage, value in (
-            ("retrieve", timings.retrieve),
-            ("compress", timings.compress),
-            ("ttft", timings.ttft),
-            ("total", timings.total),
+            ("retrieve", result.retrieve.own_ms),
+            ("compress", result.prepare.own_ms),
+            ("queue", result.retrieve.queue_ms + result.prepare.queue_ms),
+            ("network", result.retrieve.network_ms + result.prepare.network_ms),
+            ("ttft", result.ttft_ms),
+            ("total", result.total_ms),
         ):
             self._stage_ms.observe(value, tags={"stage": stage})
         if result.tpot_ms is not None:
             self._tpot_ms.observe(result.tpot_ms)
-        usage = result.usage
-        if usage.context_tokens_before:
+        prepared = result.prepared
+        if prepared.context_tokens_before:
             self._compression_ratio.observe(
-                usage.context_tokens_after / usage.context_tokens_before,
-                tags={"method": result.compression_method},
+                prepared.context_tokens_after / prepared.context_tokens_before,
+                tags={"method": prepared.method},
             )
+        if prepared.degraded:
+            self._degraded.inc(tags={"reason": prepared.degraded})
         # Ray counters reject increments of zero.
+        usage = result.usage
         if usage.prompt_tokens:
             self._prompt_tokens.inc(usage.prompt_tokens)
-        if usage.cached_prompt_tokens:
-            self._cached_tokens.inc(usage.cached_prompt_tokens)
+        if usage.cached_tokens:
+            self._cached_tokens.inc(usage.cached_tokens)
         self._completed.inc()

@@ -1,0 +1,92 @@
+"""The checks every /v1 request passes before routing, as one pure ASGI middleware:
+the request id, the API key (401) and the per-key rate limit (429).
+
+Auth runs before the body is parsed: an unauthenticated caller learns nothing about the
+request format. Keys are compared in constant time.
+"""
+
+from __future__ import annotations
+
+import hmac
+import uuid
+from typing import Any
+
+from fastapi import Request
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from app.errors import ApiError, error_response, not_ready, rate_limited
+
+
+class RequestGuard:
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        state = getattr(scope["app"].state, "rag", None)
+        serve_id = state.serve_request_id() if state is not None else None
+        request_id = serve_id or _header(scope, b"x-request-id") or uuid.uuid4().hex
+        scope.setdefault("state", {})["request_id"] = request_id
+        if serve_id is None:  # Serve's proxy sets the header itself
+            send = _with_header(send, b"x-request-id", request_id.encode())
+        if scope["path"].startswith("/v1/"):
+            refusal = _refusal(state, scope)
+            if refusal is not None:
+                await error_response(refusal, request_id)(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+def request_id_of(request: Request) -> str:
+    """The id the guard gave this request (a new one outside the middleware)."""
+    request_id = getattr(request.state, "request_id", None)
+    if request_id is None:
+        request_id = request.state.request_id = uuid.uuid4().hex
+    return request_id
+
+
+def _refusal(state: Any, scope: Scope) -> ApiError | None:
+    if state is None:
+        return not_ready("the service is starting", retry_after_s=5)
+    key = None
+    if state.settings.auth_required:
+        scheme, _, token = (_header(scope, b"authorization") or "").partition(" ")
+        token = token.strip()
+        if scheme.lower() != "bearer" or not any(
+            hmac.compare_digest(token.encode(), k.encode()) for k in state.settings.api_keys
+        ):
+            return ApiError(
+                401,
+                "missing or invalid API key: send Authorization: Bearer <key>",
+                "authentication_error",
+                code="invalid_api_key",
+                headers={"WWW-Authenticate": "Bearer"},
+            )
+        key = token
+    if state.rate_limiter is not None:
+        client = scope.get("client") or ("unknown", 0)
+        wait_s = state.rate_limiter.acquire(key or f"address:{client[0]}")
+        if wait_s is not None:
+            return rate_limited(wait_s)
+    return None
+
+
+def _header(scope: Scope, name: bytes) -> str | None:
+    for key, value in scope.get("headers", ()):
+        if key == name:
+            return value.decode("latin-1")
+    return None
+
+
+def _with_header(send: Send, name: bytes, value: bytes) -> Send:
+    async def wrapped(message: Any) -> None:
+        if message["type"] == "http.response.start":
+            headers = list(message.get("headers", ()))
+            if not any(key.lower() == name for key, _ in headers):
+                headers.append((name, value))
+            message = {**message, "headers": headers}
+        await send(message)
+
+    return wrapped

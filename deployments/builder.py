@@ -1,0 +1,145 @@
+"""The application builder: the composition root, and the only place that wires deployments.
+
+`serve run serve_config.yaml` / `serve deploy` call `build_app(args)` with the config's
+`args:`. It validates them, logs the resolved config once, computes every deployment's
+options from it, and binds ingress -> retriever, compressor, generator. Nothing imports this
+package but the serve config (and its tests).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from ray import serve
+from ray.serve.deployment import Application
+
+from app.config import (
+    PROJECT_ROOT,
+    GeneratorConfig,
+    ReplicaConfig,
+    parse_config,
+)
+from app.settings import load_settings
+from pipeline.log import get_logger
+from retrieval.models import resolve_model_reference
+
+logger = get_logger(__name__)
+
+PREFIX_CACHE_AFFINITY_ROUTER = "ray.serve.llm.request_router.PrefixCacheAffinityRouter"
+
+
+def build_app(args: dict[str, Any] | None = None) -> Application:
+    """Validate `args` into the config tree and return the bound RAG application."""
+    config = parse_config(args)
+    load_settings()  # refuse an unsafe production setup before anything starts
+    logger.info("RAG application config: %s", json.dumps(config.model_dump(), default=str))
+    logger.info("ingress admits %d requests in flight per replica", config.in_flight_limit())
+
+    from deployments.compressor import CompressorDeployment
+    from deployments.ingress import RagIngress
+    from deployments.retriever import RetrieverDeployment
+
+    retry_after_s = config.ingress.retry_after_s
+    retriever = serve.deployment(
+        RetrieverDeployment,
+        name="Retriever",
+        **deployment_options(config.retriever.deployment, retry_after_s),
+    ).bind(config.retriever)
+    compressor = serve.deployment(
+        CompressorDeployment,
+        name="Compressor",
+        **deployment_options(config.compression.deployment, retry_after_s),
+    ).bind(config.compression, config.generator, config.prompt, config.retriever.index_path)
+    generator = build_generator(config.generator, retry_after_s)
+    return serve.deployment(
+        RagIngress,
+        name="RagIngress",
+        **deployment_options(config.ingress.deployment, retry_after_s),
+    ).bind(config, retriever, compressor, generator)
+
+
+def deployment_options(replica: ReplicaConfig, retry_after_s: float = 1.0) -> dict[str, Any]:
+    """Ray Serve options for one stage: replicas or autoscaling, resources, queue limits,
+    health checks; a full queue answers 503 with Retry-After."""
+    actor_options: dict[str, Any] = {"num_cpus": replica.num_cpus, "num_gpus": replica.num_gpus}
+    if replica.resources:
+        actor_options["resources"] = dict(replica.resources)
+    options: dict[str, Any] = {
+        "max_ongoing_requests": replica.max_ongoing_requests,
+        "max_queued_requests": replica.max_queued_requests,
+        "ray_actor_options": actor_options,
+        "health_check_period_s": replica.health_check_period_s,
+        "health_check_timeout_s": replica.health_check_timeout_s,
+        "backpressure_config": {"status_code": 503, "retry_after_s": retry_after_s},
+    }
+    if replica.max_replicas_per_node is not None:
+        options["max_replicas_per_node"] = replica.max_replicas_per_node
+    if replica.autoscaling is not None:
+        options["autoscaling_config"] = replica.autoscaling.model_dump()
+    else:
+        options["num_replicas"] = replica.num_replicas
+    return options
+
+
+def build_generator(generator: GeneratorConfig, retry_after_s: float = 1.0) -> Application:
+    if generator.engine == "paced":
+        from deployments.paced_generator import PacedGeneratorDeployment
+
+        return serve.deployment(
+            PacedGeneratorDeployment,
+            name="Generator",
+            **deployment_options(generator.deployment, retry_after_s),
+        ).bind(generator.paced, generator.stream_batching_interval_ms)
+
+    from ray.serve.llm import LLMConfig, build_llm_deployment
+
+    from deployments.generator import GeneratorServer
+
+    return build_llm_deployment(
+        LLMConfig(**generator_llm_config(generator, retry_after_s)),
+        deployment_cls=GeneratorServer,
+        bind_kwargs={
+            "stream_batching_interval_ms": generator.stream_batching_interval_ms,
+            "cpu_binding": generator.cpu_binding,
+        },
+        override_serve_options={"name": "Generator"},
+    )
+
+
+def generator_llm_config(generator: GeneratorConfig, retry_after_s: float = 1.0) -> dict[str, Any]:
+    """The `ray.serve.llm.LLMConfig` fields for the generator, as a plain dict.
+
+    GPUs are not asked through ray_actor_options: vLLM's placement group holds one GPU per
+    tensor-parallel worker (or the bundles given in config, e.g. [{CPU: 1}] on CPU).
+    """
+    deployment = deployment_options(generator.deployment, retry_after_s)
+    actor_options: dict[str, Any] = {"num_cpus": generator.deployment.num_cpus}
+    if generator.deployment.resources:
+        actor_options["resources"] = dict(generator.deployment.resources)
+    deployment["ray_actor_options"] = actor_options
+    router = generator.request_router
+    if router.kind == "prefix_cache_affinity":
+        kwargs: dict[str, Any] = {"match_rate_threshold": router.match_rate_threshold}
+        if router.imbalanced_threshold is not None:
+            kwargs["imbalanced_threshold"] = router.imbalanced_threshold
+        deployment["request_router_config"] = {
+            "request_router_class": PREFIX_CACHE_AFFINITY_ROUTER,
+            "request_router_kwargs": kwargs,
+        }
+    llm_config: dict[str, Any] = {
+        "model_loading_config": {
+            "model_id": generator.model_id,
+            "model_source": resolve_model_reference(generator.model_source, PROJECT_ROOT),
+        },
+        "engine_kwargs": {**generator.engine_kwargs, "max_model_len": generator.max_model_len},
+        "deployment_config": deployment,
+        "log_engine_metrics": True,
+    }
+    if generator.accelerator_type:
+        llm_config["accelerator_type"] = generator.accelerator_type
+    if generator.placement_bundles:
+        llm_config["placement_group_config"] = {"bundles": generator.placement_bundles}
+    if generator.env_vars:
+        llm_config["runtime_env"] = {"env_vars": dict(generator.env_vars)}
+    return llm_config

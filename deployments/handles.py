@@ -1,0 +1,111 @@
+"""`pipeline.stages.Stages` over Ray Serve deployment handles.
+
+Ray's failures become the pipeline's: a full queue (`BackPressureError`) is the stage
+`overloaded`; a replica that died under the call, or a deployment with no replica, is the
+stage `unavailable`. A stage that the ingress's readiness view shows without a running
+replica is not called at all (a call would wait in Serve's queue for a replica to start).
+A retrieval whose replica died is sent once more, within `retry_timeout_s` (it has no side
+effects, and Serve has by then taken the dead replica out of rotation); a preparation is
+not, since the pipeline has a fallback for it; a generation is never repeated. A call
+abandoned by its caller (timeout, client gone) is cancelled on its replica.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+from collections.abc import AsyncGenerator, Callable, Sequence
+from typing import Any
+
+from ray.exceptions import RayActorError
+from ray.serve.exceptions import BackPressureError, DeploymentUnavailableError
+from ray.serve.handle import DeploymentHandle, DeploymentResponse
+
+from pipeline.log import get_logger
+from pipeline.messages import (
+    CompressionPlan,
+    GenerationEvent,
+    GenerationRequest,
+    PreparedPrompt,
+    Retrieval,
+    StageError,
+)
+from pipeline.stages import StageName, StageUnavailable
+
+logger = get_logger(__name__)
+
+# A replica that died, or could not be reached, under the call.
+_REPLICA_LOST = (RayActorError, DeploymentUnavailableError)
+
+
+class HandleStages:
+    def __init__(
+        self,
+        retriever: DeploymentHandle,
+        compressor: DeploymentHandle,
+        generator: DeploymentHandle,
+        available: Callable[[StageName], bool] = lambda stage: True,
+        retry_timeout_s: float = 10.0,
+    ) -> None:
+        self.retriever = retriever
+        self.compressor = compressor
+        self.generator = generator
+        self._available = available
+        self._retry_timeout_s = retry_timeout_s
+
+    async def retrieve(self, question: str, top_k: int) -> Retrieval | StageError:
+        send = functools.partial(self.retriever.retrieve.remote, question, top_k)
+        try:
+            return await self._call("retriever", send)
+        except _REPLICA_LOST as exc:
+            if not self._available("retriever"):
+                raise StageUnavailable("retriever", "unavailable", type(exc).__name__) from None
+            logger.warning("a retriever replica was lost; sending the call again")
+        try:
+            async with asyncio.timeout(self._retry_timeout_s):
+                return await self._call("retriever", send)
+        except (*_REPLICA_LOST, TimeoutError) as exc:
+            raise StageUnavailable("retriever", "unavailable", type(exc).__name__) from None
+
+    async def prepare(
+        self, question: str, retrieval: Retrieval, plan: CompressionPlan, max_output_tokens: int
+    ) -> PreparedPrompt | StageError:
+        try:
+            return await self._call(
+                "compressor",
+                lambda: self.compressor.prepare.remote(
+                    question, retrieval, plan, max_output_tokens
+                ),
+            )
+        except _REPLICA_LOST as exc:
+            raise StageUnavailable("compressor", "unavailable", type(exc).__name__) from None
+
+    async def generate(
+        self, request: GenerationRequest
+    ) -> AsyncGenerator[Sequence[GenerationEvent], None]:
+        if not self._available("generator"):
+            raise StageUnavailable("generator", "unavailable", "no running replica")
+        stream = self.generator.options(stream=True).generate.remote(request)
+        try:
+            async for batch in stream:
+                yield batch
+        except BackPressureError as exc:
+            raise StageUnavailable("generator", "overloaded", str(exc)) from None
+        except _REPLICA_LOST as exc:
+            logger.warning("generator replica lost (request %s)", request.request_id)
+            raise StageUnavailable("generator", "unavailable", type(exc).__name__) from None
+        finally:
+            stream.cancel()
+
+    async def _call(self, stage: StageName, send: Callable[[], DeploymentResponse]) -> Any:
+        """One call; a lost replica is raised as it came, for the caller to decide."""
+        if not self._available(stage):
+            raise StageUnavailable(stage, "unavailable", "no running replica")
+        response = send()
+        try:
+            return await response
+        except asyncio.CancelledError:
+            response.cancel()
+            raise
+        except BackPressureError as exc:
+            raise StageUnavailable(stage, "overloaded", str(exc)) from None

@@ -1,0 +1,110 @@
+"""Chat completions straight from vLLM's engine client, as typed events.
+
+The prompt is rendered with the model's own chat template and tokenizer, handed to
+`AsyncLLM.generate` as token ids, and the engine's `RequestOutput`s (DELTA kind: only the new
+text each time) become `TokenEvent`s and one `FinishEvent`. Nothing is encoded as
+server-sent events and parsed back on the way. Sampling defaults come from the model's
+generation config, as vLLM's OpenAI server applies them.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncGenerator
+from typing import Any
+
+from pipeline.log import get_logger
+from pipeline.messages import (
+    ErrorEvent,
+    FinishEvent,
+    GenerationEvent,
+    GenerationRequest,
+    StageError,
+    TokenEvent,
+    TokenUsage,
+)
+
+logger = get_logger(__name__)
+
+# The generation-config fields vLLM's chat endpoint takes as defaults (temperature and
+# max_tokens come from the request).
+_DEFAULTED_FIELDS = ("repetition_penalty", "top_p", "top_k", "min_p", "stop_token_ids")
+
+
+class VllmEngine:
+    def __init__(self, engine_client: Any, tokenizer: Any, max_model_len: int) -> None:
+        self._client = engine_client
+        self._tokenizer = tokenizer
+        self._max_model_len = max_model_len
+        defaults = engine_client.model_config.get_diff_sampling_param()
+        self._sampling_defaults = {k: defaults[k] for k in _DEFAULTED_FIELDS if k in defaults}
+
+    @classmethod
+    def from_engine_client(cls, engine_client: Any) -> VllmEngine:
+        return cls(
+            engine_client,
+            engine_client.get_tokenizer(),
+            int(engine_client.model_config.max_model_len),
+        )
+
+    def prompt_token_ids(self, messages: list[dict[str, str]]) -> list[int]:
+        text = self._tokenizer.apply_chat_template(
+            messages, tokenize=False, add_generation_prompt=True
+        )
+        return list(self._tokenizer.encode(text, add_special_tokens=False))
+
+    async def stream(self, request: GenerationRequest) -> AsyncGenerator[GenerationEvent, None]:
+        from vllm import SamplingParams
+        from vllm.exceptions import VLLMClientError
+        from vllm.sampling_params import RequestOutputKind
+        from vllm.v1.engine.exceptions import EngineDeadError
+
+        prompt_ids = self.prompt_token_ids(request.messages)
+        if len(prompt_ids) + request.max_tokens > self._max_model_len:
+            yield ErrorEvent(
+                StageError(
+                    400,
+                    f"the prompt ({len(prompt_ids)} tokens) and max_tokens={request.max_tokens} "
+                    f"exceed the model's {self._max_model_len}-token context",
+                    param="max_tokens",
+                    code="context_length_exceeded",
+                )
+            )
+            return
+        params = SamplingParams(
+            **self._sampling_defaults,
+            temperature=request.temperature,
+            max_tokens=request.max_tokens,
+            output_kind=RequestOutputKind.DELTA,
+        )
+        # The engine rejects a request id it already holds; a client may reuse its own.
+        engine_request_id = f"{request.request_id}-{uuid.uuid4().hex[:8]}"
+        completion_tokens = 0
+        try:
+            async for output in self._client.generate(
+                {"prompt_token_ids": prompt_ids}, params, engine_request_id
+            ):
+                completion = output.outputs[0]
+                completion_tokens += len(completion.token_ids)
+                if completion.text:
+                    yield TokenEvent(completion.text)
+                if output.finished:
+                    usage = TokenUsage(
+                        len(prompt_ids), completion_tokens, int(output.num_cached_tokens or 0)
+                    )
+                    yield FinishEvent(completion.finish_reason, usage)
+        except (ValueError, VLLMClientError) as exc:
+            yield ErrorEvent(StageError(400, str(exc), code="invalid_generation_request"))
+        except EngineDeadError:
+            logger.error("the vLLM engine is dead (request %s)", request.request_id)
+            yield ErrorEvent(
+                StageError(
+                    503,
+                    "the generation engine failed; its replica is being replaced",
+                    "service_unavailable",
+                    code="engine_dead",
+                )
+            )
+
+    async def check_health(self) -> None:
+        await self._client.check_health()

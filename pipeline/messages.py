@@ -1,0 +1,175 @@
+"""What the stages of the request path send each other, as plain typed values.
+
+ingress --(question, top_k)--> retriever --Retrieval--> ingress --(Retrieval, plan)-->
+compressor --PreparedPrompt--> ingress --GenerationRequest--> generator --batches of
+GenerationEvent--> ingress.
+
+No web framework and no Ray here: these values cross Ray Serve hops (pickled), feed the
+pipeline in plain asyncio, and are what unit tests build by hand. Request-level failures a
+stage detects (a bad top_k, a prompt that cannot fit) travel as `StageError` values, so they
+reach the ingress intact; infrastructure failures (overload, a dead replica) are exceptions of
+`pipeline.stages`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+
+CompressionMethod = Literal["none", "sentences", "llmlingua", "sentences+llmlingua"]
+COMPRESSION_METHODS: tuple[CompressionMethod, ...] = (
+    "none",
+    "sentences",
+    "llmlingua",
+    "sentences+llmlingua",
+)
+CompressionPolicy = Literal["always", "auto"]
+COMPRESSION_POLICIES: tuple[CompressionPolicy, ...] = ("always", "auto")
+
+
+@dataclass(frozen=True, slots=True)
+class StageError:
+    """A request a stage refuses, as data: the ingress maps it to an HTTP status once."""
+
+    status: int
+    message: str
+    type: str = "invalid_request_error"
+    param: str | None = None
+    code: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class StageTiming:
+    """When a stage began its work on one call (Unix seconds) and how long the work took.
+
+    The caller subtracts both from its own round trip to tell queueing and transport apart
+    from the stage's work (`pipeline.rag.HopTiming`).
+    """
+
+    started_at_s: float
+    own_ms: float
+
+
+@dataclass(frozen=True)
+class CompressionPlan:
+    """How much context to keep: a `rate` (fraction of tokens) or an absolute target."""
+
+    method: CompressionMethod
+    rate: float = 0.5
+    target_tokens: int | None = None
+    # "always", or "auto": only when the cost model predicts that compressing pays.
+    policy: CompressionPolicy = "always"
+
+    def target_for(self, tokens_before: int) -> int:
+        if self.target_tokens is not None:
+            return min(self.target_tokens, tokens_before)
+        return min(tokens_before, max(1, math.ceil(self.rate * tokens_before)))
+
+
+@dataclass(frozen=True, slots=True)
+class RetrievedChunk:
+    """One search hit. `row` is its position in the index the retriever searched; the
+    compressor finds the chunk's sentences and their embeddings by it."""
+
+    chunk_id: str
+    doc_id: str
+    title: str
+    text: str
+    score: float
+    row: int
+
+
+@dataclass(frozen=True, slots=True)
+class Retrieval:
+    """The retriever's answer: the question's unit vector and the best chunks, best first."""
+
+    question_embedding: np.ndarray
+    chunks: tuple[RetrievedChunk, ...]
+    index_version: str
+    timing: StageTiming
+
+
+@dataclass(frozen=True, slots=True)
+class CompressionDecision:
+    """What the `auto` policy predicted for one request, and whether it compressed."""
+
+    compress: bool
+    predicted_saving_ms: float
+    predicted_cost_ms: float
+
+
+@dataclass(frozen=True, slots=True)
+class PromptSource:
+    """A source as the model saw it: the chunk's identity and its (compressed) text."""
+
+    chunk_id: str
+    doc_id: str
+    title: str
+    text: str
+    score: float
+
+
+@dataclass(frozen=True)
+class PreparedPrompt:
+    """The generator's input and what compression and the token budget did to get there.
+
+    `degraded` names why the plan was not followed ("compressor_timeout",
+    "compressor_unavailable", ...) when the ingress fell back to the uncompressed context.
+    """
+
+    messages: list[dict[str, str]]
+    sources: tuple[PromptSource, ...]
+    method: str
+    context_tokens_before: int
+    context_tokens_after: int
+    compress_ms: float
+    truncated: bool
+    timing: StageTiming
+    decision: CompressionDecision | None = None
+    degraded: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class GenerationRequest:
+    """One chat completion. The field is `messages` because Ray Serve LLM's
+    PrefixCacheAffinityRouter reads the prompt from an argument's `messages`."""
+
+    messages: list[dict[str, str]]
+    max_tokens: int
+    temperature: float
+    request_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class TokenEvent:
+    """Newly generated text (one or more tokens)."""
+
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class TokenUsage:
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class FinishEvent:
+    """The last event of a completed generation."""
+
+    reason: str | None
+    usage: TokenUsage
+
+
+@dataclass(frozen=True, slots=True)
+class ErrorEvent:
+    """The engine refused or failed the request; nothing follows."""
+
+    error: StageError
+
+
+GenerationEvent = TokenEvent | FinishEvent | ErrorEvent

@@ -1,0 +1,505 @@
+"""deployments.builder and the two shipped Serve configs: every stage's options, the vLLM
+config, the paced generator, and the ingress's in-flight limit derived from the config."""
+
+from __future__ import annotations
+
+import importlib
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from app.config import (
+    PROJECT_ROOT,
+    ConfigError,
+    GeneratorConfig,
+    RagAppConfig,
+    ReplicaConfig,
+    parse_config,
+)
+from app.settings import UnsafeSettingsError
+from deployments.builder import (
+    PREFIX_CACHE_AFFINITY_ROUTER,
+    build_app,
+    build_generator,
+    deployment_options,
+    generator_llm_config,
+)
+
+STAGES = {
+    "retriever": lambda c: c.retriever.deployment,
+    "compression": lambda c: c.compression.deployment,
+    "ingress": lambda c: c.ingress.deployment,
+}
+CPU_FILE = "serve_config.yaml"
+GPU_FILE = "serve_config.gpu.yaml"
+
+
+def application(file: str) -> dict[str, Any]:
+    document = yaml.safe_load((PROJECT_ROOT / file).read_text())
+    [app] = document["applications"]
+    return app
+
+
+def args_of(file: str) -> dict[str, Any]:
+    return application(file)["args"]
+
+
+@pytest.fixture
+def development(monkeypatch):
+    """build_app checks the settings: a development environment, whatever the shell has."""
+    monkeypatch.setenv("RAG_ENV", "development")
+    monkeypatch.delenv("RAG_API_KEYS", raising=False)
+
+
+# --- deployment_options ---------------------------------------------------------------------
+
+
+def test_fixed_replicas_give_num_replicas_queues_health_checks_and_backpressure():
+    options = deployment_options(
+        ReplicaConfig(num_replicas=2, num_cpus=0.5, max_ongoing_requests=4, max_queued_requests=8)
+    )
+
+    assert options == {
+        "num_replicas": 2,
+        "max_ongoing_requests": 4,
+        "max_queued_requests": 8,
+        "ray_actor_options": {"num_cpus": 0.5, "num_gpus": 0},
+        "health_check_period_s": 5.0,
+        "health_check_timeout_s": 10.0,
+        "backpressure_config": {"status_code": 503, "retry_after_s": 1.0},
+    }
+
+
+def test_health_checks_retry_after_resources_and_spread_are_passed_on():
+    replica = ReplicaConfig(
+        health_check_period_s=2.0,
+        health_check_timeout_s=3.5,
+        resources={"node_a": 0.01},
+        max_replicas_per_node=1,
+    )
+
+    options = deployment_options(replica, retry_after_s=7.0)
+
+    assert options["health_check_period_s"] == 2.0
+    assert options["health_check_timeout_s"] == 3.5
+    assert options["backpressure_config"] == {"status_code": 503, "retry_after_s": 7.0}
+    assert options["ray_actor_options"]["resources"] == {"node_a": 0.01}
+    assert options["max_replicas_per_node"] == 1
+
+
+def test_no_resources_and_no_spread_are_left_out():
+    options = deployment_options(ReplicaConfig())
+
+    assert "resources" not in options["ray_actor_options"]
+    assert "max_replicas_per_node" not in options
+
+
+def test_autoscaling_replaces_num_replicas():
+    options = deployment_options(
+        ReplicaConfig(num_replicas=5, autoscaling={"min_replicas": 0, "max_replicas": 3})
+    )
+
+    assert "num_replicas" not in options
+    assert options["autoscaling_config"] == {
+        "min_replicas": 0,
+        "max_replicas": 3,
+        "target_ongoing_requests": 2.0,
+    }
+
+
+# --- the vLLM generator ---------------------------------------------------------------------
+
+
+def test_generator_config_asks_no_gpus_through_actor_options():
+    generator = GeneratorConfig(
+        model_source="org/some-model",
+        engine_kwargs={"dtype": "half"},
+        deployment={"num_gpus": 1, "num_cpus": 2, "resources": {"gpu_node": 0.01}},
+    )
+
+    llm = generator_llm_config(generator, retry_after_s=3.0)
+
+    assert llm["deployment_config"]["ray_actor_options"] == {
+        "num_cpus": 2,
+        "resources": {"gpu_node": 0.01},
+    }
+    assert llm["deployment_config"]["backpressure_config"]["retry_after_s"] == 3.0
+    assert llm["model_loading_config"] == {
+        "model_id": "smollm2-135m-instruct",
+        "model_source": "org/some-model",
+    }
+    assert llm["engine_kwargs"] == {"dtype": "half", "max_model_len": 2048}
+    assert llm["log_engine_metrics"] is True
+    assert {"accelerator_type", "placement_group_config", "runtime_env"}.isdisjoint(llm)
+
+
+def test_the_default_router_leaves_servess_own_routing():
+    llm = generator_llm_config(GeneratorConfig())
+
+    assert "request_router_config" not in llm["deployment_config"]
+
+
+@pytest.mark.parametrize(
+    ("router", "kwargs"),
+    [
+        (
+            {"kind": "prefix_cache_affinity"},
+            {"match_rate_threshold": 0.1, "imbalanced_threshold": 2.0},
+        ),
+        (
+            {"kind": "prefix_cache_affinity", "imbalanced_threshold": None},
+            {"match_rate_threshold": 0.1},
+        ),
+        (
+            {
+                "kind": "prefix_cache_affinity",
+                "match_rate_threshold": 0.3,
+                "imbalanced_threshold": 4,
+            },
+            {"match_rate_threshold": 0.3, "imbalanced_threshold": 4},
+        ),
+    ],
+)
+def test_prefix_cache_affinity_routes_with_ray_serve_llms_router(router, kwargs):
+    llm = generator_llm_config(GeneratorConfig(request_router=router))
+
+    assert llm["deployment_config"]["request_router_config"] == {
+        "request_router_class": PREFIX_CACHE_AFFINITY_ROUTER,
+        "request_router_kwargs": kwargs,
+    }
+
+
+def test_the_router_class_path_names_an_importable_class():
+    module, _, name = PREFIX_CACHE_AFFINITY_ROUTER.rpartition(".")
+
+    assert isinstance(getattr(importlib.import_module(module), name), type)
+
+
+@pytest.fixture(scope="module")
+def llm_config_class():
+    from ray.serve.llm import LLMConfig  # ~10-25 s: import once for the module
+
+    return LLMConfig
+
+
+@pytest.mark.parametrize("file", [CPU_FILE, GPU_FILE])
+def test_ray_serve_llm_accepts_the_generator_config(llm_config_class, file):
+    config = parse_config(args_of(file))
+
+    llm_config = llm_config_class(**generator_llm_config(config.generator))
+
+    assert llm_config.model_id == config.generator.model_id
+    assert llm_config.engine_kwargs["max_model_len"] == config.generator.max_model_len
+    assert llm_config.accelerator_type == config.generator.accelerator_type
+
+
+def test_ray_serve_llm_accepts_the_prefix_cache_affinity_router(llm_config_class):
+    generator = GeneratorConfig(
+        request_router={"kind": "prefix_cache_affinity", "imbalanced_threshold": 8}
+    )
+
+    llm_config = llm_config_class(**generator_llm_config(generator))
+
+    deployment = llm_config.deployment_config
+    router = deployment["request_router_config"]
+    assert router["request_router_class"] == PREFIX_CACHE_AFFINITY_ROUTER
+    assert router["request_router_kwargs"]["imbalanced_threshold"] == 8
+
+
+# --- the paced generator and the whole application -------------------------------------------
+
+
+def test_the_paced_engine_is_a_plain_deployment_named_generator():
+    generator = GeneratorConfig(
+        engine="paced",
+        paced={"ttft_ms": 30, "tpot_ms": 2},
+        stream_batching_interval_ms=5,
+        deployment={"num_replicas": 2, "max_ongoing_requests": 9, "max_replicas_per_node": 1},
+    )
+
+    app = build_generator(generator, retry_after_s=2.5)
+
+    deployment = app._bound_deployment
+    from deployments.paced_generator import PacedGeneratorDeployment
+
+    assert deployment.name == "Generator"
+    assert deployment.func_or_class is PacedGeneratorDeployment
+    assert deployment.init_args == (generator.paced, 5)
+    assert deployment.num_replicas == 2
+    assert deployment.max_ongoing_requests == 9
+    config = deployment._deployment_config
+    assert config.backpressure_config.retry_after_s == 2.5
+    assert config.backpressure_config.status_code == 503
+    assert deployment._replica_config.max_replicas_per_node == 1
+
+
+def test_build_app_binds_the_ingress_to_the_three_stages(development):
+    app = build_app(
+        {
+            "generator": {"engine": "paced"},
+            "ingress": {"retry_after_s": 4.0, "deployment": {"max_ongoing_requests": 50}},
+            "compression": {"deployment": {"num_replicas": 3}},
+        }
+    )
+
+    ingress = app._bound_deployment
+    config, *stages = ingress.init_args
+    assert ingress.name == "RagIngress"
+    assert isinstance(config, RagAppConfig)
+    assert ingress.max_ongoing_requests == 50
+    assert [stage._bound_deployment.name for stage in stages] == [
+        "Retriever",
+        "Compressor",
+        "Generator",
+    ]
+    compressor = stages[1]._bound_deployment
+    assert compressor.num_replicas == 3
+    assert compressor.init_args == (
+        config.compression,
+        config.generator,
+        config.prompt,
+        config.retriever.index_path,
+    )
+    for deployment in [ingress, *(stage._bound_deployment for stage in stages)]:
+        assert deployment._deployment_config.backpressure_config.retry_after_s == 4.0
+
+
+def test_build_app_names_the_bad_key_before_building_anything():
+    with pytest.raises(ConfigError, match=r"generator\.foo"):
+        build_app({"generator": {"foo": 1}})
+
+
+def test_build_app_refuses_production_without_api_keys(monkeypatch):
+    monkeypatch.setenv("RAG_ENV", "production")
+    monkeypatch.delenv("RAG_API_KEYS", raising=False)
+
+    with pytest.raises(UnsafeSettingsError):
+        build_app(args_of(CPU_FILE))
+
+
+# --- the shipped configs --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("file", [CPU_FILE, GPU_FILE])
+def test_shipped_config_parses_and_points_at_the_builder(file):
+    app = application(file)
+
+    assert app["import_path"] == "deployments.builder:build_app"
+    module, _, name = app["import_path"].partition(":")
+    assert getattr(importlib.import_module(module), name) is build_app
+    assert isinstance(parse_config(app["args"]), RagAppConfig)
+
+
+@pytest.mark.parametrize("file", [CPU_FILE, GPU_FILE])
+def test_each_stage_gets_the_options_its_yaml_asks_for(file):
+    args = args_of(file)
+    config = parse_config(args)
+
+    for stage, replica_of in STAGES.items():
+        asked = args[stage]["deployment"]
+        options = deployment_options(replica_of(config))
+        assert options["max_queued_requests"] == asked["max_queued_requests"], stage
+        assert options["max_ongoing_requests"] == asked["max_ongoing_requests"], stage
+        assert options["ray_actor_options"] == {
+            "num_cpus": asked["num_cpus"],
+            "num_gpus": asked.get("num_gpus", 0),
+        }, stage
+        if "autoscaling" in asked:
+            assert "num_replicas" not in options
+            for key, value in asked["autoscaling"].items():
+                assert options["autoscaling_config"][key] == value, (stage, key)
+        else:
+            assert options["num_replicas"] == asked["num_replicas"], stage
+            assert "autoscaling_config" not in options
+
+
+def test_cpu_config_runs_one_fixed_replica_per_stage_without_gpus():
+    config = parse_config(args_of(CPU_FILE))
+
+    for stage, replica_of in STAGES.items():
+        options = deployment_options(replica_of(config))
+        assert options["num_replicas"] == 1, stage
+        assert options["ray_actor_options"]["num_gpus"] == 0, stage
+        assert options["max_queued_requests"] > 0, stage
+    assert application(CPU_FILE)["runtime_env"]["env_vars"]["HF_HUB_OFFLINE"] == "1"
+
+
+def test_cpu_generator_is_one_cpu_bundle_with_prefix_caching():
+    config = parse_config(args_of(CPU_FILE))
+
+    llm = generator_llm_config(config.generator)
+
+    assert llm["placement_group_config"] == {"bundles": [{"CPU": 1}]}
+    assert "accelerator_type" not in llm
+    assert llm["engine_kwargs"]["enable_prefix_caching"] is True
+    assert llm["engine_kwargs"]["enable_prompt_tokens_details"] is True
+    assert llm["engine_kwargs"]["max_model_len"] == config.generator.max_model_len == 2048
+    assert "VLLM_CPU_KVCACHE_SPACE" in llm["runtime_env"]["env_vars"]
+    deployment = llm["deployment_config"]
+    assert deployment["ray_actor_options"] == {"num_cpus": 0}
+    assert deployment["num_replicas"] == 1
+    asked = args_of(CPU_FILE)["generator"]["deployment"]
+    assert deployment["max_queued_requests"] == asked["max_queued_requests"]
+    # The local model folder is resolved against the project root, not the working directory.
+    source = Path(llm["model_loading_config"]["model_source"])
+    if (PROJECT_ROOT / ".models" / "smollm2-135m-instruct").is_dir():
+        assert source == PROJECT_ROOT / ".models" / "smollm2-135m-instruct"
+
+
+def test_gpu_config_autoscales_every_stage_and_gives_embedders_gpu_shares():
+    config = parse_config(args_of(GPU_FILE))
+
+    for stage, replica_of in STAGES.items():
+        options = deployment_options(replica_of(config))
+        bounds = options["autoscaling_config"]
+        assert 1 <= bounds["min_replicas"] <= bounds["max_replicas"], stage
+    assert config.retriever.deployment.num_gpus > 0
+    assert config.compression.deployment.num_gpus > 0
+    assert config.retriever.use_gpu_index is True
+    assert application(GPU_FILE)["runtime_env"]["env_vars"]["RAG_ENV"] == "production"
+
+
+def test_gpu_generator_is_quantized_on_an_accelerator_type_with_autoscaling():
+    config = parse_config(args_of(GPU_FILE))
+
+    llm = generator_llm_config(config.generator)
+
+    assert llm["accelerator_type"] == "L4"
+    assert llm["engine_kwargs"]["quantization"].startswith("awq")
+    assert llm["engine_kwargs"]["enable_prefix_caching"] is True
+    assert llm["engine_kwargs"]["max_model_len"] == 8192
+    assert "placement_group_config" not in llm
+    deployment = llm["deployment_config"]
+    assert "num_replicas" not in deployment
+    assert deployment["autoscaling_config"]["min_replicas"] >= 1
+    assert deployment["autoscaling_config"]["max_replicas"] > 1
+    assert "num_gpus" not in deployment["ray_actor_options"]
+
+
+@pytest.mark.parametrize("file", [CPU_FILE, GPU_FILE])
+def test_the_generator_gets_the_queue_and_health_check_options_its_yaml_asks_for(file):
+    asked = args_of(file)["generator"]["deployment"]
+    config = parse_config(args_of(file))
+
+    deployment = generator_llm_config(config.generator)["deployment_config"]
+
+    for key in ("max_ongoing_requests", "max_queued_requests"):
+        assert deployment[key] == asked[key], key
+    for key in ("health_check_period_s", "health_check_timeout_s"):
+        assert deployment[key] == asked.get(key, ReplicaConfig.model_fields[key].default), key
+
+
+def most_replicas_asked(deployment: dict[str, Any]) -> int:
+    if "autoscaling" in deployment:
+        return deployment["autoscaling"]["max_replicas"]
+    return deployment["num_replicas"]
+
+
+@pytest.mark.parametrize("file", [CPU_FILE, GPU_FILE])
+def test_shipped_configs_admit_what_the_generators_hold_below_the_ingress_capacity(file):
+    args = args_of(file)
+    generator, ingress = args["generator"]["deployment"], args["ingress"]["deployment"]
+    holds = most_replicas_asked(generator) * (
+        generator["max_ongoing_requests"] + generator["max_queued_requests"]
+    )
+
+    limit = parse_config(args).in_flight_limit()
+
+    # Not clipped by the ingress's own capacity: refusals stay cheap and in the API's shape.
+    assert limit == math.ceil(holds / most_replicas_asked(ingress))
+    assert limit < ingress["max_ongoing_requests"]
+
+
+# --- the ingress's in-flight limit ------------------------------------------------------------
+
+
+def app_config(
+    generator: dict[str, Any] | None = None,
+    ingress_deployment: dict[str, Any] | None = None,
+    max_in_flight: int | None = None,
+) -> RagAppConfig:
+    return parse_config(
+        {
+            "generator": {"deployment": generator or {}},
+            "ingress": {
+                "max_in_flight_requests": max_in_flight,
+                "deployment": ingress_deployment or {},
+            },
+        }
+    )
+
+
+def test_an_explicit_in_flight_limit_wins():
+    config = app_config(
+        generator={"max_ongoing_requests": 100, "max_queued_requests": 100},
+        max_in_flight=7,
+    )
+
+    assert config.in_flight_limit() == 7
+
+
+@pytest.mark.parametrize(
+    ("generator", "ingress", "expected"),
+    [
+        # running + queued of every generator replica, over the ingress replicas
+        ({"max_ongoing_requests": 4, "max_queued_requests": 6}, {}, 10),
+        ({"num_replicas": 3, "max_ongoing_requests": 4, "max_queued_requests": 6}, {}, 30),
+        (
+            {"num_replicas": 3, "max_ongoing_requests": 4, "max_queued_requests": 6},
+            {"num_replicas": 2},
+            15,
+        ),
+        # rounded up: 3 x 10 over 4 ingress replicas is 7.5
+        (
+            {"num_replicas": 3, "max_ongoing_requests": 4, "max_queued_requests": 6},
+            {"num_replicas": 4},
+            8,
+        ),
+        # autoscaling counts its most replicas, on both sides
+        (
+            {
+                "num_replicas": 1,
+                "autoscaling": {"min_replicas": 1, "max_replicas": 5},
+                "max_ongoing_requests": 4,
+                "max_queued_requests": 6,
+            },
+            {"autoscaling": {"min_replicas": 1, "max_replicas": 2}},
+            25,
+        ),
+        # an unlimited queue (-1) counts no queued requests
+        ({"max_ongoing_requests": 4, "max_queued_requests": -1}, {}, 4),
+        # at least one
+        ({"max_ongoing_requests": 1, "max_queued_requests": 0}, {"num_replicas": 8}, 1),
+        # capped below the ingress's own capacity
+        (
+            {"num_replicas": 4, "max_ongoing_requests": 32, "max_queued_requests": 64},
+            {"max_ongoing_requests": 100},
+            99,
+        ),
+    ],
+)
+def test_the_in_flight_limit_is_derived_from_what_the_generators_hold(generator, ingress, expected):
+    assert app_config(generator, ingress).in_flight_limit() == expected
+
+
+@pytest.mark.parametrize("limit", [64, 65, 1000])
+def test_an_in_flight_limit_at_or_above_the_ingress_capacity_is_refused(limit):
+    with pytest.raises(ConfigError, match="max_in_flight_requests"):
+        app_config(ingress_deployment={"max_ongoing_requests": 64}, max_in_flight=limit)
+
+
+def test_an_in_flight_limit_just_below_the_ingress_capacity_is_accepted():
+    config = app_config(ingress_deployment={"max_ongoing_requests": 64}, max_in_flight=63)
+
+    assert config.in_flight_limit() == 63
+
+
+def test_every_accepted_config_derives_a_usable_in_flight_limit():
+    try:
+        config = app_config(ingress_deployment={"max_ongoing_requests": 1})
+    except ConfigError:
+        return  # refusing such a config up front is a fix as good as any
+    assert config.in_flight_limit() >= 1

@@ -1,0 +1,695 @@
+"""pipeline.rag: the stage sequence without HTTP or Ray, its failure rules, and its timings.
+
+The stages are a fake `Stages` (defined here): these tests are about the pipeline's
+orchestration (order, fallback, error mapping), not about retrieval or generation.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Coroutine, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any, TypeVar
+
+import numpy as np
+import pytest
+
+from pipeline.messages import (
+    CompressionDecision,
+    CompressionPlan,
+    ErrorEvent,
+    FinishEvent,
+    GenerationEvent,
+    GenerationRequest,
+    PreparedPrompt,
+    PromptSource,
+    Retrieval,
+    RetrievedChunk,
+    StageError,
+    StageTiming,
+    TokenEvent,
+    TokenUsage,
+)
+from pipeline.rag import (
+    DoneEvent,
+    FailedEvent,
+    HopTiming,
+    RagPipeline,
+    RagQuery,
+    RagResult,
+    RequestRefused,
+    SourcesEvent,
+    tpot_ms,
+)
+from pipeline.stages import StageUnavailable
+
+T = TypeVar("T")
+
+
+def bounded(coroutine: Coroutine[Any, Any, T], timeout_s: float = 5.0) -> T:
+    """Run `coroutine`; one that hangs (a lost cancellation) fails the test instead, even
+    when it swallows the cancellation that ends the wait."""
+    started = time.monotonic()
+    result = asyncio.run(asyncio.wait_for(coroutine, timeout_s))
+    assert time.monotonic() - started < timeout_s, "hung until cancelled"
+    return result
+
+
+CHUNKS = (
+    RetrievedChunk("kv#0", "kv", "KV cache", "Keys and values are kept.", 0.91, row=0),
+    RetrievedChunk("batching#2", "batching", "Batching", "Requests share steps.", 0.5, row=7),
+)
+USAGE = TokenUsage(prompt_tokens=321, completion_tokens=3, cached_tokens=256)
+# A float in a generation script is a pause in seconds, so TTFT and TPOT are measurable.
+DEFAULT_SCRIPT: tuple[Any, ...] = (
+    0.01,
+    [TokenEvent("Paged attention"), TokenEvent(" stores KV")],
+    0.01,
+    [TokenEvent(" in blocks."), FinishEvent("stop", USAGE)],
+)
+
+
+def retrieval() -> Retrieval:
+    return Retrieval(np.ones(4, dtype=np.float32), CHUNKS, "v1", StageTiming(time.time(), 3.0))
+
+
+def prepared_prompt(
+    method: str = "sentences",
+    own_ms: float = 7.0,
+    decision: CompressionDecision | None = None,
+    degraded: str | None = None,
+) -> PreparedPrompt:
+    return PreparedPrompt(
+        messages=[{"role": "system", "content": "S"}, {"role": "user", "content": "Q?"}],
+        sources=tuple(PromptSource(c.chunk_id, c.doc_id, c.title, c.text, c.score) for c in CHUNKS),
+        method=method,
+        context_tokens_before=40,
+        context_tokens_after=22,
+        compress_ms=0.3,
+        truncated=False,
+        timing=StageTiming(time.time(), own_ms),
+        decision=decision,
+        degraded=degraded,
+    )
+
+
+@dataclass
+class FakeStages:
+    """A `Stages` whose answers are set per test; records what the pipeline asked.
+
+    `retrieve_result`/`prepare_result`: a value to return, or an exception to raise (None:
+    a default answer). `prepare_blocks`: prepare never answers (until cancelled).
+    `script`: what generate yields: a list is a batch, a float a pause, an exception is
+    raised.
+    """
+
+    retrieve_result: Retrieval | StageError | BaseException | None = None
+    prepare_result: PreparedPrompt | StageError | BaseException | None = None
+    prepare_blocks: bool = False
+    script: tuple[Any, ...] = DEFAULT_SCRIPT
+    calls: list[tuple[str, tuple]] = field(default_factory=list)
+    prepare_cancelled: bool = False
+    generate_closed: bool = False
+
+    async def retrieve(self, question: str, top_k: int) -> Retrieval | StageError:
+        self.calls.append(("retrieve", (question, top_k)))
+        if isinstance(self.retrieve_result, BaseException):
+            raise self.retrieve_result
+        return self.retrieve_result or retrieval()
+
+    async def prepare(
+        self, question: str, retrieval: Retrieval, plan: CompressionPlan, max_output_tokens: int
+    ) -> PreparedPrompt | StageError:
+        self.calls.append(("prepare", (question, retrieval, plan, max_output_tokens)))
+        if self.prepare_blocks:
+            try:
+                await asyncio.Event().wait()
+            except asyncio.CancelledError:
+                self.prepare_cancelled = True
+                raise
+        if isinstance(self.prepare_result, BaseException):
+            raise self.prepare_result
+        return self.prepare_result or prepared_prompt(plan.method)
+
+    async def generate(
+        self, request: GenerationRequest
+    ) -> AsyncIterator[Sequence[GenerationEvent]]:
+        self.calls.append(("generate", (request,)))
+        try:
+            for step in self.script:
+                if isinstance(step, BaseException):
+                    raise step
+                if isinstance(step, float):
+                    await asyncio.sleep(step)
+                    continue
+                yield step
+        finally:
+            self.generate_closed = True
+
+    def called(self, stage: str) -> list[tuple]:
+        return [args for name, args in self.calls if name == stage]
+
+
+@dataclass
+class FakeFallback:
+    """The ingress's own preparer: records its calls; `error` makes it refuse."""
+
+    error: Exception | None = None
+    calls: list[tuple] = field(default_factory=list)
+
+    def prepare(
+        self,
+        question: str,
+        retrieval: Retrieval,
+        plan: CompressionPlan,
+        max_output_tokens: int,
+        degraded: str | None = None,
+    ) -> PreparedPrompt:
+        self.calls.append((question, retrieval, plan, max_output_tokens, degraded))
+        if self.error is not None:
+            raise self.error
+        return prepared_prompt(plan.method, own_ms=2.0, degraded=degraded)
+
+
+class RecordingMetrics:
+    def __init__(self, fail: bool = False) -> None:
+        self.results: list[RagResult] = []
+        self.fail = fail
+
+    def observe(self, result: RagResult) -> None:
+        self.results.append(result)
+        if self.fail:
+            raise RuntimeError("metrics backend down")
+
+
+PLAN = CompressionPlan("sentences", rate=0.4, policy="auto")
+
+
+def query(plan: CompressionPlan = PLAN, include_context: bool = True) -> RagQuery:
+    return RagQuery("Q?", 5, plan, 64, 0.3, "req-1", include_context=include_context)
+
+
+async def _run(pipeline: RagPipeline, rag_query: RagQuery, events: list) -> None:
+    async for event in pipeline.run(rag_query):
+        events.append(event)
+
+
+def run(pipeline: RagPipeline, rag_query: RagQuery | None = None) -> list:
+    events: list = []
+    bounded(_run(pipeline, rag_query or query(), events))
+    return events
+
+
+def run_failing(
+    pipeline: RagPipeline, expected: type[BaseException]
+) -> tuple[list, pytest.ExceptionInfo]:
+    """The events yielded before the run raised `expected`, and the exception."""
+    events: list = []
+    with pytest.raises(expected) as excinfo:
+        bounded(_run(pipeline, query(), events))
+    return events, excinfo
+
+
+# --- the happy path -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("total", "ttft", "tokens", "expected"),
+    [
+        (1000.0, 200.0, 5, 200.0),
+        (300.0, 100.0, 2, 200.0),
+        (300.0, 100.0, 1, None),
+        (300.0, 100.0, 0, None),
+    ],
+)
+def test_tpot_is_time_after_the_first_token_per_later_token(total, ttft, tokens, expected):
+    assert tpot_ms(total, ttft, tokens) == expected
+
+
+def test_events_come_in_order_sources_tokens_done():
+    stages = FakeStages()
+
+    events = run(RagPipeline(stages))
+
+    assert [type(e) for e in events] == [
+        SourcesEvent,
+        TokenEvent,
+        TokenEvent,
+        TokenEvent,
+        DoneEvent,
+    ]
+    assert [e.text for e in events[1:4]] == ["Paged attention", " stores KV", " in blocks."]
+    assert stages.generate_closed
+
+
+def test_stages_are_asked_with_the_query_and_the_previous_answers():
+    stages = FakeStages()
+    rag_query = query()
+
+    [sources, *_] = run(RagPipeline(stages), rag_query)
+
+    [(question, top_k)] = stages.called("retrieve")
+    assert (question, top_k) == ("Q?", 5)
+    [(question, given_retrieval, plan, max_output_tokens)] = stages.called("prepare")
+    assert (question, plan, max_output_tokens) == ("Q?", PLAN, 64)
+    assert given_retrieval.chunks == CHUNKS
+    [(request,)] = stages.called("generate")
+    assert request == GenerationRequest(sources.prepared.messages, 64, 0.3, "req-1")
+
+
+def test_the_result_carries_the_answer_usage_and_timings():
+    metrics = RecordingMetrics()
+    stages = FakeStages()
+
+    events = run(RagPipeline(stages, metrics=metrics))
+
+    result = events[-1].result
+    assert result.request_id == "req-1"
+    assert result.requested_method == "sentences"
+    assert result.answer == "Paged attention stores KV in blocks."
+    assert result.prepared is events[0].prepared
+    assert result.prepared.decision is None  # no auto decision was made
+    assert result.finish_reason == "stop"
+    assert result.usage == USAGE
+    assert result.include_context is True
+    assert result.retrieve.own_ms == 3.0
+    assert result.prepare.own_ms == 7.0
+    for hop in (result.retrieve, result.prepare):
+        assert hop.queue_ms >= 0 and hop.network_ms >= 0
+    # The first token came after a 10 ms pause, the last after another 10 ms.
+    assert 9 <= result.ttft_ms < result.total_ms
+    assert result.total_ms - result.ttft_ms >= 9
+    assert result.tpot_ms == pytest.approx((result.total_ms - result.ttft_ms) / 2)
+    assert metrics.results == [result]
+
+
+def test_the_requested_method_and_the_auto_decision_are_both_kept():
+    decision = CompressionDecision(False, predicted_saving_ms=120.0, predicted_cost_ms=900.0)
+    stages = FakeStages(prepare_result=prepared_prompt("none", decision=decision))
+    auto = query(CompressionPlan("llmlingua", policy="auto"), include_context=False)
+
+    [*_, done] = run(RagPipeline(stages), auto)
+
+    assert done.result.requested_method == "llmlingua"
+    assert done.result.prepared.method == "none"
+    assert done.result.prepared.decision is decision
+    assert done.result.include_context is False
+
+
+def test_a_single_token_answer_has_no_tpot():
+    stages = FakeStages(script=([TokenEvent("Yes"), FinishEvent("stop", TokenUsage(10, 1, 0))],))
+
+    [*_, done] = run(RagPipeline(stages))
+
+    assert done.result.tpot_ms is None
+    assert done.result.ttft_ms <= done.result.total_ms
+
+
+def test_a_failing_metrics_sink_does_not_cost_the_answer():
+    metrics = RecordingMetrics(fail=True)
+
+    events = run(RagPipeline(FakeStages(), metrics=metrics))
+
+    assert isinstance(events[-1], DoneEvent)
+    assert len(metrics.results) == 1
+
+
+# --- HopTiming ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("started_after_call_s", "round_trip_ms", "own_ms", "queue_ms", "network_ms"),
+    [
+        (0.050, 80.0, 20.0, 50.0, 10.0),  # queue = start - call; network = the rest
+        (0.0, 30.0, 30.0, 0.0, 0.0),
+        (-0.010, 30.0, 20.0, 0.0, 10.0),  # the stage's clock is behind: no negative queue
+        (0.050, 60.0, 20.0, 50.0, 0.0),  # round trip shorter than queue + own: no negative
+    ],
+)
+def test_hop_timing_splits_the_round_trip(
+    started_after_call_s, round_trip_ms, own_ms, queue_ms, network_ms
+):
+    called_at = 1_700_000_000.0
+    timing = StageTiming(called_at + started_after_call_s, own_ms)
+
+    hop = HopTiming.of(timing, called_at, round_trip_ms)
+
+    assert hop.own_ms == own_ms
+    assert hop.queue_ms == pytest.approx(queue_ms, abs=1e-3)
+    assert hop.network_ms == pytest.approx(network_ms, abs=1e-3)
+
+
+def test_a_local_hop_is_all_own_time():
+    assert HopTiming.local(4.5) == HopTiming(4.5, 0.0, 0.0)
+
+
+def test_the_wait_before_a_stage_starts_is_its_queue_time():
+    class QueueingStages(FakeStages):
+        async def retrieve(self, question: str, top_k: int) -> Retrieval | StageError:
+            await asyncio.sleep(0.02)  # waits 20 ms before it begins the work
+            return Retrieval(np.ones(4), CHUNKS, "v1", StageTiming(time.time(), 1.0))
+
+    [*_, done] = run(RagPipeline(QueueingStages()))
+
+    assert done.result.retrieve.own_ms == 1.0
+    assert done.result.retrieve.queue_ms >= 15
+
+
+# --- refusals before anything is yielded -----------------------------------------------------
+
+
+def test_a_retriever_refusal_is_raised_before_anything_is_yielded():
+    stages = FakeStages(retrieve_result=StageError(400, "bad top_k", param="top_k"))
+
+    events, excinfo = run_failing(RagPipeline(stages, FakeFallback()), RequestRefused)
+
+    assert events == []
+    assert excinfo.value.error == StageError(400, "bad top_k", param="top_k")
+    assert stages.called("prepare") == [] and stages.called("generate") == []
+
+
+def test_a_compressor_refusal_is_raised_not_replaced_by_the_fallback():
+    refusal = StageError(400, "the question does not fit", param="question")
+    stages = FakeStages(prepare_result=refusal)
+    fallback = FakeFallback()
+
+    events, excinfo = run_failing(RagPipeline(stages, fallback), RequestRefused)
+
+    assert events == []
+    assert excinfo.value.error == refusal
+    assert fallback.calls == []
+    assert stages.called("generate") == []
+
+
+def test_an_unavailable_retriever_is_raised_before_anything_is_yielded():
+    stages = FakeStages(retrieve_result=StageUnavailable("retriever", "overloaded"))
+
+    events, excinfo = run_failing(RagPipeline(stages, FakeFallback()), StageUnavailable)
+
+    assert events == []
+    assert (excinfo.value.stage, excinfo.value.kind) == ("retriever", "overloaded")
+    assert stages.called("prepare") == []
+
+
+# --- the compressor's fallback ----------------------------------------------------------------
+
+
+COMPRESSOR_FAILURES = [
+    pytest.param(
+        {"prepare_result": StageUnavailable("compressor", "overloaded")},
+        "compressor_overloaded",
+        id="overloaded",
+    ),
+    pytest.param(
+        {"prepare_result": StageUnavailable("compressor", "unavailable", "ActorDiedError")},
+        "compressor_unavailable",
+        id="unavailable",
+    ),
+    pytest.param({"prepare_blocks": True}, "compressor_timeout", id="timeout"),
+    pytest.param(
+        {"prepare_result": RuntimeError("scorer crashed")}, "compressor_failed", id="failed"
+    ),
+]
+
+
+@pytest.mark.parametrize(("failure", "degraded"), COMPRESSOR_FAILURES)
+def test_a_compressor_that_cannot_answer_falls_back_to_the_uncompressed_context(failure, degraded):
+    stages = FakeStages(**failure)
+    fallback = FakeFallback()
+    pipeline = RagPipeline(stages, fallback, compressor_timeout_s=0.02)
+
+    events = run(pipeline)
+
+    [(question, given_retrieval, plan, max_output_tokens, given_degraded)] = fallback.calls
+    assert (question, max_output_tokens, given_degraded) == ("Q?", 64, degraded)
+    assert given_retrieval.chunks == CHUNKS
+    assert plan == replace(PLAN, method="none")  # rate and policy kept, method "none"
+    assert isinstance(events[0], SourcesEvent)
+    assert events[0].prepared.degraded == degraded
+    assert events[0].prepared.method == "none"
+    result = events[-1].result
+    assert result.prepared.degraded == degraded
+    assert result.requested_method == "sentences"
+    assert result.prepare == HopTiming.local(2.0)
+    assert len(stages.called("generate")) == 1
+
+
+def test_the_compressor_timeout_cancels_the_compressor_call():
+    stages = FakeStages(prepare_blocks=True)
+    started = time.perf_counter()
+
+    run(RagPipeline(stages, FakeFallback(), compressor_timeout_s=0.02))
+
+    assert stages.prepare_cancelled
+    assert time.perf_counter() - started < 1.0
+
+
+def test_a_compressor_within_its_timeout_is_used():
+    stages = FakeStages()
+    fallback = FakeFallback()
+
+    [sources, *_] = run(RagPipeline(stages, fallback, compressor_timeout_s=5.0))
+
+    assert fallback.calls == []
+    assert sources.prepared.degraded is None
+    assert sources.prepared.method == "sentences"
+
+
+@pytest.mark.parametrize(("failure", "degraded"), COMPRESSOR_FAILURES)
+def test_without_a_fallback_the_compressor_is_unavailable(failure, degraded):
+    stages = FakeStages(**failure)
+
+    events, excinfo = run_failing(RagPipeline(stages, compressor_timeout_s=0.02), StageUnavailable)
+
+    assert events == []
+    assert (excinfo.value.stage, excinfo.value.kind) == ("compressor", "unavailable")
+    assert excinfo.value.detail == degraded
+    assert stages.called("generate") == []
+
+
+def test_a_question_that_does_not_fit_even_uncompressed_is_a_400():
+    stages = FakeStages(prepare_result=StageUnavailable("compressor", "overloaded"))
+    fallback = FakeFallback(error=ValueError("the question alone exceeds the context window"))
+
+    events, excinfo = run_failing(RagPipeline(stages, fallback), RequestRefused)
+
+    assert events == []
+    error = excinfo.value.error
+    assert (error.status, error.param) == (400, "question")
+    assert "exceeds the context window" in error.message
+
+
+def test_a_cancelled_request_does_not_fall_back():
+    stages = FakeStages(prepare_blocks=True)
+    fallback = FakeFallback()
+
+    async def cancel_during_prepare() -> None:
+        task = asyncio.create_task(_run(RagPipeline(stages, fallback), query(), []))
+        while not stages.called("prepare"):
+            await asyncio.sleep(0)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    bounded(cancel_during_prepare())
+
+    assert stages.prepare_cancelled
+    assert fallback.calls == []
+
+
+def test_a_consumer_that_stops_reading_gets_the_generation_closed():
+    stages = FakeStages(
+        script=([TokenEvent("a")], 0.01, [TokenEvent("b")], [FinishEvent("stop", USAGE)])
+    )
+
+    async def read_one_token() -> int:
+        run = RagPipeline(stages).run(query())
+        await anext(run)  # the sources
+        await anext(run)  # the first token
+        await run.aclose()
+        # The generation is left at its yield; asyncio's async-generator finalizer closes
+        # it a loop turn or two later.
+        for turn in range(5):
+            if stages.generate_closed:
+                return turn
+            await asyncio.sleep(0)
+        return -1
+
+    assert bounded(read_one_token()) >= 0
+
+
+def test_a_cancelled_consumer_cancels_the_generation_at_once():
+    stages = FakeStages(script=([TokenEvent("a")], 10.0, [FinishEvent("stop", USAGE)]))
+
+    async def cancel_while_generating() -> bool:
+        events: list = []
+        task = asyncio.create_task(_run(RagPipeline(stages), query(), events))
+        while len(events) < 2:  # the sources and the first token
+            await asyncio.sleep(0.001)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        return stages.generate_closed
+
+    assert bounded(cancel_while_generating()) is True
+
+
+# --- generation failures --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("error", "expected"),
+    [
+        pytest.param(
+            StageError(400, "prompt too long", param="max_tokens", code="context_length"),
+            StageError(400, "prompt too long", param="max_tokens", code="context_length"),
+            id="400-kept",
+        ),
+        pytest.param(
+            StageError(422, "bad sampling", code="invalid"),
+            StageError(422, "bad sampling", code="invalid"),
+            id="422-kept",
+        ),
+        pytest.param(
+            StageError(500, "engine bug", "server_error"),
+            StageError(502, "the generator failed", "server_error", code="generation_failed"),
+            id="500-is-502",
+        ),
+        pytest.param(
+            StageError(504, "slow", "server_error"),
+            StageError(502, "the generator failed", "server_error", code="generation_failed"),
+            id="504-is-502",
+        ),
+    ],
+)
+def test_a_generation_error_before_the_first_token_is_raised(error, expected):
+    stages = FakeStages(script=([ErrorEvent(error)],))
+    metrics = RecordingMetrics()
+
+    events, excinfo = run_failing(RagPipeline(stages, metrics=metrics), RequestRefused)
+
+    assert [type(e) for e in events] == [SourcesEvent]
+    assert excinfo.value.error == expected
+    assert metrics.results == []
+
+
+def test_a_dead_engine_before_the_first_token_is_an_unavailable_generator():
+    error = StageError(503, "engine dead", "service_unavailable", code="engine_dead")
+    stages = FakeStages(script=([ErrorEvent(error)],))
+
+    events, excinfo = run_failing(RagPipeline(stages), StageUnavailable)
+
+    assert [type(e) for e in events] == [SourcesEvent]
+    assert (excinfo.value.stage, excinfo.value.kind) == ("generator", "unavailable")
+    assert excinfo.value.detail == "engine dead"
+
+
+@pytest.mark.parametrize("kind", ["overloaded", "unavailable"])
+def test_an_unavailable_generator_before_the_first_token_is_raised(kind):
+    stages = FakeStages(script=(StageUnavailable("generator", kind),))
+
+    events, excinfo = run_failing(RagPipeline(stages), StageUnavailable)
+
+    assert [type(e) for e in events] == [SourcesEvent]
+    assert (excinfo.value.stage, excinfo.value.kind) == ("generator", kind)
+
+
+ENGINE_BUG = StageError(500, "CUDA error at model_runner.py:812", "server_error")
+
+
+@pytest.mark.parametrize(
+    "script",
+    [
+        pytest.param(
+            ([TokenEvent("Hi")], [ErrorEvent(ENGINE_BUG)], [TokenEvent("never")]),
+            id="separate-batches",
+        ),
+        pytest.param(
+            (
+                [TokenEvent("Hi"), ErrorEvent(ENGINE_BUG), TokenEvent("never")],
+                [FinishEvent("stop", USAGE)],
+            ),
+            id="same-batch",
+        ),
+    ],
+)
+def test_an_error_after_the_first_token_is_an_event_that_ends_the_stream(script):
+    stages = FakeStages(script=script)
+    metrics = RecordingMetrics()
+
+    events = run(RagPipeline(stages, metrics=metrics))
+
+    assert [type(e) for e in events] == [SourcesEvent, TokenEvent, FailedEvent]
+    assert events[1].text == "Hi"
+    assert events[-1].error.status == 502
+    assert stages.generate_closed
+    assert metrics.results == []
+
+
+@pytest.mark.parametrize(
+    ("error", "expected"),
+    [
+        pytest.param(
+            StageError(400, "bad token", param="max_tokens", code="invalid"),
+            StageError(400, "bad token", param="max_tokens", code="invalid"),
+            id="400-kept",
+        ),
+        pytest.param(
+            ENGINE_BUG,
+            StageError(502, "the generator failed", "server_error", code="generation_failed"),
+            id="500-is-502-without-details",
+        ),
+        pytest.param(
+            StageError(503, "engine dead", "service_unavailable", code="engine_dead"),
+            StageError(
+                503, "engine dead; retry the request", "service_unavailable", code="engine_dead"
+            ),
+            id="503-says-retry",
+        ),
+    ],
+)
+def test_an_error_after_the_first_token_shows_the_client_only_what_it_may_see(error, expected):
+    stages = FakeStages(script=([TokenEvent("Hi")], [ErrorEvent(error)]))
+
+    events = run(RagPipeline(stages))
+
+    assert events[-1] == FailedEvent(expected)
+
+
+@pytest.mark.parametrize("kind", ["overloaded", "unavailable"])
+def test_an_unavailable_generator_after_the_first_token_is_a_503_event(kind):
+    stages = FakeStages(
+        script=([TokenEvent("Hi")], StageUnavailable("generator", kind, "ActorDiedError"))
+    )
+
+    events = run(RagPipeline(stages))
+
+    assert [type(e) for e in events] == [SourcesEvent, TokenEvent, FailedEvent]
+    error = events[-1].error
+    assert (error.status, error.type, error.code) == (
+        503,
+        "service_unavailable",
+        f"generator_{kind}",
+    )
+    assert "retry" in error.message
+
+
+def test_a_stream_that_ends_without_a_finish_before_any_token_is_a_502():
+    stages = FakeStages(script=())
+
+    events, excinfo = run_failing(RagPipeline(stages), RequestRefused)
+
+    assert [type(e) for e in events] == [SourcesEvent]
+    assert (excinfo.value.error.status, excinfo.value.error.type) == (502, "server_error")
+
+
+def test_a_stream_that_ends_without_a_finish_after_tokens_is_a_502_event():
+    stages = FakeStages(script=([TokenEvent("Hi"), TokenEvent(" there")],))
+    metrics = RecordingMetrics()
+
+    events = run(RagPipeline(stages, metrics=metrics))
+
+    assert [type(e) for e in events] == [SourcesEvent, TokenEvent, TokenEvent, FailedEvent]
+    assert (events[-1].error.status, events[-1].error.type) == (502, "server_error")
+    assert metrics.results == []
