@@ -97,9 +97,10 @@ eval: setup models-qwen
 	$(BIN)/python -m bench.suite --plan eval-full --out bench-results/eval-full
 	$(BIN)/python -m bench.suite --plan eval-qwen --out bench-results/eval-qwen
 
+# Shuts the application down on the running Ray cluster. It never stops the cluster itself
+# (a `ray start` cluster is its owner's to stop); `serve run` stops its own with Ctrl-C.
 stop:
-	-$(BIN)/serve shutdown -y
-	-$(BIN)/ray stop --force
+	-RAY_AUTH_MODE=token $(BIN)/serve shutdown -y
 
 clean: stop
 	rm -rf $(VENV) .models .cache indexes

@@ -104,6 +104,10 @@ class RequestRecord:
     status: int | None = None
     error_kind: str | None = None
     error: str | None = None
+    # The OpenAI error body's `code` (HTTP error or stream error event) and the response's
+    # Retry-After header, when there were any.
+    error_code: str | None = None
+    retry_after: str | None = None
     server_timings_ms: dict[str, float] | None = None
     server_tpot_ms: float | None = None
 
@@ -263,6 +267,7 @@ class _Stream:
     ended_at: float | None = None
     complete: bool = False
     error: str | None = None
+    error_code: str | None = None
 
     def content(self, text: object, now: float) -> None:
         if not isinstance(text, str) or not text:
@@ -324,9 +329,11 @@ async def _send(
             ) as response,
         ):
             record.status = response.status_code
+            record.retry_after = response.headers.get("retry-after")
             if response.status_code != 200:
                 kind = f"http_{response.status_code}"
-                stream.error = _error_message(await _read_capped(response))
+                body = await _read_capped(response)
+                stream.error, stream.error_code = _error_message(body), _error_code(body)
             else:
                 reader = _read_rag if spec.endpoint == "rag" else _read_chat
                 await reader(_sse_events(response.aiter_lines()), stream)
@@ -370,6 +377,7 @@ def _fill(
     record.ok = kind is None
     record.error_kind = kind
     record.error = stream.error
+    record.error_code = stream.error_code
 
 
 async def _read_rag(events: AsyncIterator[tuple[str | None, str]], stream: _Stream) -> None:
@@ -386,7 +394,7 @@ async def _read_rag(events: AsyncIterator[tuple[str | None, str]], stream: _Stre
             stream.finals(payload.get("usage"), payload)
             stream.complete = True
         elif name == "error":
-            stream.error = _error_message(data)
+            stream.error, stream.error_code = _error_message(data), _error_code(data)
             break
 
 
@@ -400,7 +408,7 @@ async def _read_chat(events: AsyncIterator[tuple[str | None, str]], stream: _Str
             break
         payload = _json_object(data)
         if "error" in payload:
-            stream.error = _error_message(data)
+            stream.error, stream.error_code = _error_message(data), _error_code(data)
             break
         for choice in payload.get("choices") or []:
             if isinstance(choice, dict) and isinstance(choice.get("delta"), dict):
@@ -470,3 +478,14 @@ def _error_message(body: str) -> str:
         message = f"{error['message']} [{code}]" if code else str(error["message"])
         return message[:MAX_ERROR_CHARS]
     return body[:MAX_ERROR_CHARS]
+
+
+def _error_code(body: str) -> str | None:
+    """The `code` of an OpenAI-shaped error body, if it has one."""
+    try:
+        payload = json.loads(body)
+    except ValueError:
+        return None
+    error = payload.get("error") if isinstance(payload, dict) else None
+    code = error.get("code") if isinstance(error, dict) else None
+    return code if isinstance(code, str) else None

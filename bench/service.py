@@ -6,6 +6,7 @@ Used by the benchmarks (one service per variant) and the integration tests. It r
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -14,6 +15,7 @@ import sys
 import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
@@ -32,15 +34,24 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+@dataclass(frozen=True)
+class RunningService:
+    """A started `serve run`: where it answers, and the pid whose descendants are its
+    processes (the Ray instance it started included)."""
+
+    base_url: str
+    pid: int
+
+
 @contextmanager
-def running_service(
+def started_service(
     config_path: Path,
     port: int,
     log_path: Path,
     env: Mapping[str, str] | None = None,
     ready_timeout_s: float = 420,
-) -> Iterator[str]:
-    """Run `serve run config_path` (whose HTTP port must be `port`); yield its base URL.
+) -> Iterator[RunningService]:
+    """Run `serve run config_path` (whose HTTP port must be `port`) until it is ready.
 
     On exit the application and the Ray instance it started are torn down.
     """
@@ -58,9 +69,22 @@ def running_service(
     base_url = f"http://127.0.0.1:{port}"
     try:
         _wait_ready(base_url, process, log_path, ready_timeout_s)
-        yield base_url
+        yield RunningService(base_url, process.pid)
     finally:
         _stop(process)
+
+
+@contextmanager
+def running_service(
+    config_path: Path,
+    port: int,
+    log_path: Path,
+    env: Mapping[str, str] | None = None,
+    ready_timeout_s: float = 420,
+) -> Iterator[str]:
+    """`started_service`, yielding only its base URL."""
+    with started_service(config_path, port, log_path, env, ready_timeout_s) as service:
+        yield service.base_url
 
 
 def _wait_ready(base_url: str, process: subprocess.Popen, log_path: Path, timeout_s: float) -> None:
@@ -78,16 +102,42 @@ def _wait_ready(base_url: str, process: subprocess.Popen, log_path: Path, timeou
 
 
 def _stop(process: subprocess.Popen) -> None:
-    # SIGINT lets `serve run` tear down the application and the Ray instance it started.
-    if process.poll() is None:
-        os.killpg(process.pid, signal.SIGINT)
-        try:
-            process.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
-    ray_bin = Path(sys.executable).with_name("ray")
-    subprocess.run([str(ray_bin), "stop", "--force"], capture_output=True, check=False)
+    """Stop `serve run` and the Ray instance it started: every process of the session we
+    started it in, and nothing else. SIGTERM (a background `serve run` ignores SIGINT), then
+    SIGKILL for whatever is left after a grace period."""
+    stop_process_group(process.pid)
+    process.wait()
+
+
+def stop_process_group(pgid: int, grace_s: float = 30.0) -> None:
+    """SIGTERM the process group `pgid` (one this code started), wait up to `grace_s` for it
+    to empty, then SIGKILL what remains."""
+    try:
+        os.killpg(pgid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline:
+        if not _group_alive(pgid):
+            return
+        time.sleep(0.5)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pgid, signal.SIGKILL)
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    # Zombies of the group still count for killpg; only the leader is ours to reap.
+    with contextlib.suppress(ChildProcessError):
+        os.waitpid(pgid, os.WNOHANG)
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    return True
 
 
 def tail(path: Path, lines: int = 60) -> str:
