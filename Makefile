@@ -15,7 +15,7 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export RAY_USAGE_STATS_ENABLED := 0
 
-.PHONY: setup install models models-qwen index run test lint unit integration bench bench-quick eval eval-quick stop clean
+.PHONY: setup install models models-qwen index run test lint unit integration reliability chaos bench bench-quick eval eval-quick stop clean
 
 setup: install models index
 
@@ -62,8 +62,19 @@ unit: install
 integration: setup
 	$(BIN)/pytest tests/integration
 
+# Unit, integration and the fast reliability tests (overload, replica kills, fuzzing), each
+# test module starting the real app once.
 test: setup lint
 	$(BIN)/pytest tests
+
+reliability: setup
+	$(BIN)/pytest tests/reliability
+
+# The long chaos and load runs (about 25 minutes here): 10x overload, kill -9 of a replica of
+# every stage and of a vLLM engine, a two-node cluster losing a node, schemathesis. Bounded
+# in requests and time, loopback only; writes docs/reliability.md and docs/results/reliability/.
+chaos: setup
+	$(BIN)/python -m bench.chaos --out docs/reliability.md --results docs/results/reliability
 
 # Latency lab, quick plan: two service variants started and stopped by the suite itself.
 bench-quick: setup

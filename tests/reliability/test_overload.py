@@ -1,0 +1,134 @@
+"""Overload, big bodies, slow clients and fuzzing, against the real application.
+
+The service admits 4 requests in flight (ingress.max_in_flight_requests), so 10x overload
+takes 40 concurrent requests. Figures (time to reject, admitted p99) are measured by
+`make chaos` into docs/reliability.md; these tests check the behaviour: every request is
+answered or cleanly refused, nothing ≥ 500 but refusals, readiness holds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from bench import outcomes
+from bench.loadgen import RequestSpec, make_client, run_load
+
+pytestmark = pytest.mark.reliability
+
+IN_FLIGHT = 4
+QUESTIONS = (
+    "What is continuous batching?",
+    "Why does the prefix cache hold only full KV blocks?",
+    "What does AWQ quantize?",
+    "How does PagedAttention store the KV cache?",
+)
+
+
+@pytest.fixture(scope="module")
+def service(tmp_path_factory, launch):
+    overrides = {
+        "ingress.max_in_flight_requests": IN_FLIGHT,
+        "generator.max_tokens_limit": 64,
+        "generator.default_max_tokens": 16,
+    }
+    with launch(tmp_path_factory, overrides) as started:
+        yield started
+
+
+def specs(count: int, max_tokens: int = 16) -> list[RequestSpec]:
+    return [
+        RequestSpec("rag", f"{QUESTIONS[i % len(QUESTIONS)]} ({i})", max_tokens=max_tokens)
+        for i in range(count)
+    ]
+
+
+def test_ten_times_overload_is_answered_or_cleanly_refused_and_readiness_holds(service):
+    readiness = outcomes.ReadinessLog()
+
+    async def run():
+        watcher = asyncio.create_task(
+            outcomes.watch_readiness(service.base_url, readiness, interval_s=0.25)
+        )
+        async with make_client(
+            service.base_url, api_key=service.api_key, request_timeout_s=120
+        ) as client:
+            records = await run_load(
+                client, specs(10 * IN_FLIGHT), rate_per_s=None, concurrency=10 * IN_FLIGHT, seed=0
+            )
+        watcher.cancel()
+        return records
+
+    records = asyncio.run(run())
+
+    tally = outcomes.counts(records)
+    assert tally["failed"] == tally["hung"] == 0, outcomes.failures(records)
+    assert tally["succeeded"] >= IN_FLIGHT
+    assert tally["refused"] > 0  # 40 at once cannot all fit in 4 slots
+    refused = [r for r in records if outcomes.outcome(r) == "refused"]
+    assert {(r.status, r.error_code) for r in refused} == {(503, "overloaded")}
+    assert all(int(r.retry_after) >= 1 for r in refused)
+    assert readiness.samples and readiness.ready_share() == 1.0
+
+
+def test_a_body_over_the_limit_is_refused_before_it_is_read(service):
+    body = json.dumps({"question": "x" * 2_000_000})
+    response = httpx.post(
+        f"{service.base_url}/v1/rag/query",
+        content=body,
+        headers={**service.headers, "content-type": "application/json"},
+        timeout=60,
+    )
+
+    assert response.status_code == 413
+    assert response.json()["error"]["code"] == "request_too_large"
+
+
+def test_a_client_that_stops_reading_does_not_block_others(service):
+    url = f"{service.base_url}/v1/rag/query"
+    with (
+        httpx.Client(headers=service.headers, timeout=120) as stalled,
+        stalled.stream(
+            "POST", url, json={"question": QUESTIONS[0], "stream": True, "max_tokens": 64}
+        ) as response,
+    ):
+        assert response.status_code == 200
+        # Read nothing more while others are served.
+        started = time.perf_counter()
+        answers = [
+            httpx.post(url, json={"question": q, "max_tokens": 8}, headers=service.headers,
+                       timeout=120)
+            for q in QUESTIONS
+        ]  # fmt: skip
+        elapsed = time.perf_counter() - started
+    assert [a.status_code for a in answers] == [200] * len(QUESTIONS), elapsed
+    after = httpx.get(f"{service.base_url}/readyz", timeout=10)
+    assert after.status_code == 200
+
+
+@pytest.mark.skipif(shutil.which("st", path=str(Path(sys.executable).parent)) is None,
+                    reason="schemathesis is not installed")  # fmt: skip
+def test_fuzzing_every_route_finds_no_server_error(service, tmp_path):
+    st = Path(sys.executable).with_name("st")
+    result = subprocess.run(
+        [
+            str(st), "run", f"{service.base_url}/openapi.json",
+            "--checks", "not_a_server_error",
+            "--max-examples", "25",
+            "--seed", "1",
+            "--header", f"Authorization: Bearer {service.api_key}",
+            "--request-timeout", "120",
+            "--report", "junit", "--report-dir", str(tmp_path),
+        ],
+        capture_output=True, text=True, timeout=900, check=False,
+    )  # fmt: skip
+
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
