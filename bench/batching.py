@@ -82,7 +82,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.service import ROOT
-from bench.stats import Distribution, distribution
+from bench.stats import Distribution, distribution, format_ms, per_s, tpot
 
 SIDES = ("static", "continuous")
 DEFAULT_MODEL = ROOT / ".models" / "smollm2-135m-instruct"
@@ -266,9 +266,7 @@ def static_batch_records(
 
 def tpot_ms(record: RequestRecord) -> float | None:
     """(E2E - TTFT) / (output_tokens - 1), None below 2 tokens."""
-    if record.output_tokens < 2:
-        return None
-    return (record.e2e_ms - record.ttft_ms) / (record.output_tokens - 1)
+    return tpot(record.ttft_ms, record.e2e_ms, record.output_tokens)
 
 
 def summarize_run(
@@ -286,9 +284,9 @@ def summarize_run(
         requests=requests,
         completed=len(records),
         duration_s=duration_s,
-        requests_per_s=len(records) / duration_s if duration_s > 0 else 0.0,
+        requests_per_s=per_s(len(records), duration_s),
         output_tokens=output_tokens,
-        output_tokens_per_s=output_tokens / duration_s if duration_s > 0 else 0.0,
+        output_tokens_per_s=per_s(output_tokens, duration_s),
         ttft_ms=distribution(r.ttft_ms for r in records),
         e2e_ms=distribution(r.e2e_ms for r in records),
         tpot_ms=distribution(t for r in records if (t := tpot_ms(r)) is not None),
@@ -367,10 +365,7 @@ def markdown_table(summaries: Sequence[RunSummary]) -> str:
 
 
 def _p(dist: Distribution | None, name: str) -> str:
-    if dist is None:
-        return "-"
-    value: float = getattr(dist, name)
-    return f"{value:,.1f}" if abs(value) < 100 else f"{value:,.0f}"
+    return format_ms(None if dist is None else getattr(dist, name))
 
 
 def record_from_dict(data: dict[str, Any]) -> RequestRecord:

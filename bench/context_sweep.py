@@ -30,7 +30,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -41,6 +40,7 @@ import numpy as np
 
 from bench.service import ROOT, free_port, running_service
 from bench.squad import DEFAULT_CACHE_DIR, SQUAD_DEV_FILENAME, load_squad, sample_questions
+from bench.stats import median
 from bench.variant import parse_assignment, write_variant
 from retrieval.cost_model import CompressionCostModel, CompressorCost, PrefillCost
 
@@ -264,11 +264,11 @@ def summarize(records: Sequence[SweepRecord]) -> list[Cell]:
                     length,
                     policy,
                     len(group),
-                    _median([r.ttft_ms for r in group]),
-                    _median([r.compress_ms for r in group]),
-                    _median([r.context_tokens_before for r in group]),
-                    _median([r.context_tokens_after for r in group]),
-                    _median([r.cached_prompt_tokens for r in group]),
+                    median([r.ttft_ms for r in group]),
+                    median([r.compress_ms for r in group]),
+                    median([r.context_tokens_before for r in group]),
+                    median([r.context_tokens_after for r in group]),
+                    median([r.cached_prompt_tokens for r in group]),
                     sum(1 for r in group if r.method_applied not in (None, "none")),
                 )
             )
@@ -308,11 +308,6 @@ def render_markdown(cells: Sequence[Cell], verdicts: dict[int, str], fitted: dic
     lines += [f"{key}: {value}" for key, value in fitted.items()]
     lines += ["```"]
     return "\n".join(lines) + "\n"
-
-
-def _median(values: Sequence[float | int | None]) -> float | None:
-    present = [float(v) for v in values if v is not None]
-    return statistics.median(present) if present else None
 
 
 def _fmt(value: float | None) -> str:

@@ -30,6 +30,14 @@ def descendants(root_pid: int) -> list[psutil.Process]:
         return []
 
 
+def alive(process: psutil.Process) -> bool:
+    """Running and not a zombie (a process that vanished meanwhile is not alive)."""
+    try:
+        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
 def titled(root_pid: int, title: str) -> list[int]:
     """Pids under `root_pid` whose process title (argv[0]) starts with `title`, oldest first."""
     found = []

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
@@ -37,6 +36,7 @@ from typing import Any
 import numpy as np
 
 from bench.service import ROOT
+from bench.stats import percentile
 from pipeline.messages import CompressionPlan
 from retrieval.compression import compress_chunks, count_context_tokens
 from retrieval.context import ContextChunk
@@ -85,7 +85,7 @@ class SpeedResult:
 
     @property
     def median_ms(self) -> float:
-        return statistics.median(self.times_ms)
+        return percentile(self.times_ms, 50)
 
     @property
     def ms_per_token(self) -> float:

@@ -21,9 +21,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import httpx
-import numpy as np
 
 from bench.loadgen import RequestRecord
+from bench.stats import percentile_or_none
 
 REFUSAL_STATUSES = (429, 503)
 # Error codes of a stream cut short because a stage went away (pipeline.rag._interrupted).
@@ -55,8 +55,8 @@ def counts(records: Sequence[RequestRecord]) -> dict[str, int]:
     }
 
 
-def percentile(values: Sequence[float], q: float) -> float | None:
-    return float(np.percentile(np.asarray(values, dtype=float), q)) if len(values) else None
+# The q-th percentile (0-100), None for no values: bench.stats's, under the name callers use.
+percentile = percentile_or_none
 
 
 def reject_ms(records: Sequence[RequestRecord]) -> list[float]:

@@ -21,12 +21,13 @@ import json
 import logging
 import math
 import re
-import statistics
 import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from bench.stats import percentile
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -184,7 +185,7 @@ def stage_breakdown(result: LatencyResult) -> StageBreakdown | None:
     ]
     if not timings:
         return None
-    median = {stage: statistics.median(t[stage] for t in timings) for stage in _SERVER_STAGES}
+    median = {stage: percentile([t[stage] for t in timings], 50) for stage in _SERVER_STAGES}
     return StageBreakdown(
         label=str(result["config"]["label"]),
         requests=len(timings),

