@@ -32,6 +32,15 @@ class AutoscalingConfig(StrictModel):
     target_ongoing_requests: float = Field(
         2.0, gt=0, description="Ongoing requests per replica that autoscaling aims for."
     )
+    upscale_delay_s: float = Field(
+        30.0, ge=0, description="How long load must stay high before replicas are added."
+    )
+    downscale_delay_s: float = Field(
+        600.0, ge=0, description="How long load must stay low before replicas are removed."
+    )
+    look_back_period_s: float = Field(
+        30.0, gt=0, description="Window over which the ongoing requests are averaged."
+    )
 
     @model_validator(mode="after")
     def _bounds(self) -> AutoscalingConfig:
@@ -335,6 +344,12 @@ class GeneratorConfig(StrictModel):
 
     @model_validator(mode="after")
     def _limits(self) -> GeneratorConfig:
+        if self.engine == "vllm" and self.deployment.max_replicas_per_node is not None:
+            raise ValueError(
+                "generator.deployment.max_replicas_per_node cannot be used with vLLM, whose "
+                "replicas hold placement groups (Ray Serve refuses both); spread generator "
+                "replicas by their bundles' resources instead"
+            )
         if "max_model_len" in self.engine_kwargs:
             raise ValueError("set generator.max_model_len, not engine_kwargs.max_model_len")
         if self.max_tokens_limit >= self.max_model_len:

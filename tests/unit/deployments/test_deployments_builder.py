@@ -99,7 +99,10 @@ def test_no_resources_and_no_spread_are_left_out():
 
 def test_autoscaling_replaces_num_replicas():
     options = deployment_options(
-        ReplicaConfig(num_replicas=5, autoscaling={"min_replicas": 0, "max_replicas": 3})
+        ReplicaConfig(
+            num_replicas=5,
+            autoscaling={"min_replicas": 0, "max_replicas": 3, "upscale_delay_s": 5},
+        )
     )
 
     assert "num_replicas" not in options
@@ -107,7 +110,14 @@ def test_autoscaling_replaces_num_replicas():
         "min_replicas": 0,
         "max_replicas": 3,
         "target_ongoing_requests": 2.0,
+        "upscale_delay_s": 5.0,
+        "downscale_delay_s": 600.0,  # Serve's own defaults, spelled out
+        "look_back_period_s": 30.0,
     }
+
+    from ray.serve.config import AutoscalingConfig
+
+    AutoscalingConfig(**options["autoscaling_config"])  # Serve accepts every key
 
 
 # --- the vLLM generator ---------------------------------------------------------------------
