@@ -20,6 +20,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import yaml
+
 from bench import faults
 from bench.service import ROOT, stop_process_group, tail
 
@@ -97,6 +99,21 @@ class Cluster:
         log_path.write_text(result.stdout + result.stderr)
         if result.returncode != 0:
             raise ClusterError(f"serve deploy failed:\n{result.stdout}\n{result.stderr}")
+
+    def app_status(self, app: str = "rag") -> tuple[str, str]:
+        """(status, message) of the application as `serve status` reports it."""
+        try:
+            result = subprocess.run(
+                [str(BIN / "serve"), "status", "--address", self.dashboard_url],
+                capture_output=True, text=True, timeout=60, env=self.env(), check=False,
+            )  # fmt: skip
+        except subprocess.TimeoutExpired:
+            return "UNKNOWN", "serve status did not answer in 60 s"
+        try:
+            application = yaml.safe_load(result.stdout)["applications"][app]
+        except (TypeError, KeyError, yaml.YAMLError):
+            return "UNKNOWN", result.stderr[-500:]
+        return str(application.get("status")), str(application.get("message", ""))
 
     def placement(self) -> dict[str, list[str]]:
         """Node name -> the Serve replicas running on it (class names)."""

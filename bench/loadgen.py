@@ -46,7 +46,7 @@ Endpoint = Literal["rag", "chat"]
 ENDPOINTS: tuple[Endpoint, ...] = ("rag", "chat")
 ENDPOINT_PATHS: dict[str, str] = {"rag": "/v1/rag/query", "chat": "/v1/chat/completions"}
 DEFAULT_CHAT_MODEL = "smollm2-135m-instruct"
-STAGE_NAMES = ("retrieve", "compress", "ttft", "total")
+STAGE_NAMES = ("retrieve", "compress", "queue", "network", "ttft", "total")
 DEFAULT_REQUEST_TIMEOUT_S = 300.0
 # How long to wait for the end of the body after [DONE]; see _drain.
 DRAIN_TIMEOUT_S = 1.0

@@ -60,8 +60,10 @@ def started_service(
     log_path: Path,
     env: Mapping[str, str] | None = None,
     ready_timeout_s: float = 420,
+    launcher: Sequence[str] = (),
 ) -> Iterator[RunningService]:
-    """Run `serve run config_path` (whose HTTP port must be `port`) until it is ready.
+    """Run `serve run config_path` (whose HTTP port must be `port`) until it is ready;
+    `launcher` prefixes the command (e.g. `taskset -c 0` to pin it and all it starts).
 
     On exit the application and the Ray instance it started are torn down: every process of
     the session it was started in (SIGTERM, since a background `serve run` ignores SIGINT,
@@ -71,7 +73,7 @@ def started_service(
     environment = os.environ | {"RAY_USAGE_STATS_ENABLED": "0"} | dict(env or {})
     base_url = f"http://127.0.0.1:{port}"
     with running_server(
-        [str(serve_bin), "run", str(config_path)],
+        [*launcher, str(serve_bin), "run", str(config_path)],
         f"{base_url}/readyz",
         log_path,
         env=environment,

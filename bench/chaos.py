@@ -1,0 +1,541 @@
+"""Chaos and load runs against the real service; writes docs/reliability.md.
+
+    python -m bench.chaos --out docs/reliability.md [--results docs/results/reliability] \\
+        [--scenarios overload replica-kill node-loss fuzz] [--seed 0]
+
+Every scenario starts the service itself (`serve run`, or a two-node cluster and
+`serve deploy`), drives it over HTTP from this process (loopback only, bounded in requests
+and time), injects its fault into processes it started, and stops everything it started:
+
+- overload: the CPU default. First at capacity (closed loop, as many clients as the ingress
+  admits), then open-loop Poisson arrivals at 10x the throughput measured at capacity.
+- replica-kill: the scale profile (2 replicas of every stage). Under steady load (4 clients),
+  kill -9 one replica of each deployment in turn, then the vLLM engine process of one
+  generator replica (the replica lives on with a dead engine), waiting for recovery in
+  between.
+- node-loss: two Ray nodes on this machine, the two-node profile (one replica of every stage
+  per node); under steady load the worker node's raylet is killed.
+- fuzz: schemathesis over /openapi.json with the CPU default.
+
+Outcomes per request (bench.outcomes): succeeded, refused (429/503 with Retry-After),
+interrupted (a final stream error event after a stage died), failed, hung (no answer within
+the client timeout). Recovery: from the kill to the replica count being whole again, read
+from /readyz polled every 0.5 s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import functools
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from app.config import parse_config
+from bench import bootstrap, faults, outcomes
+from bench.cluster import NodeSpec, local_cluster
+from bench.loadgen import RequestRecord, RequestSpec, make_client, run_load
+from bench.service import ROOT, free_port, started_service
+from bench.variant import first_application, write_variant
+
+SCENARIOS = ("overload", "replica-kill", "node-loss", "fuzz")
+QUESTIONS = (
+    "What is continuous batching?",
+    "Why does the prefix cache hold only full KV blocks?",
+    "What does AWQ quantize?",
+    "How does PagedAttention store the KV cache?",
+    "When does speculative decoding pay off?",
+    "What limits decode speed on a GPU?",
+)
+MAX_TOKENS = 32
+CLIENT_TIMEOUT_S = 120.0
+STAGE_OF = {"Retriever": "retriever", "Compressor": "compressor", "Generator": "generator"}
+
+
+def specs(count: int, offset: int = 0) -> list[RequestSpec]:
+    """Distinct questions (a suffix keeps whole prompts from repeating)."""
+    return [
+        RequestSpec("rag", f"{QUESTIONS[i % len(QUESTIONS)]} (#{offset + i})", MAX_TOKENS)
+        for i in range(count)
+    ]
+
+
+async def load(
+    base_url: str,
+    requests: Sequence[RequestSpec],
+    *,
+    concurrency: int | None = None,
+    rate_per_s: float | None = None,
+    seed: int = 0,
+    strike: tuple[float, Callable[[], object]] | None = None,
+) -> tuple[list[RequestRecord], outcomes.ReadinessLog, float | None]:
+    """Run the load while /readyz is watched; `strike` = (after_s, action) runs the fault.
+    Returns the records, the readiness log and when (s from start) the fault struck."""
+    readiness = outcomes.ReadinessLog()
+    started = time.perf_counter()
+    watcher = asyncio.create_task(
+        outcomes.watch_readiness(base_url, readiness, 0.5, started=started)
+    )
+    struck_at: list[float] = []
+
+    async def fault() -> None:
+        if strike is None:
+            return
+        await asyncio.sleep(strike[0])
+        await asyncio.to_thread(strike[1])
+        struck_at.append(time.perf_counter() - started)
+
+    async with make_client(base_url, request_timeout_s=CLIENT_TIMEOUT_S) as client:
+        striker = asyncio.create_task(fault())
+        records = await run_load(
+            client,
+            requests,
+            rate_per_s=rate_per_s,
+            concurrency=concurrency,
+            seed=seed,
+            request_timeout_s=CLIENT_TIMEOUT_S,
+        )
+        await striker
+    watcher.cancel()
+    return records, readiness, (struck_at[0] if struck_at else None)
+
+
+def summary(records: Sequence[RequestRecord], readiness: outcomes.ReadinessLog) -> dict:
+    rejects = outcomes.reject_ms(records)
+    admitted = outcomes.admitted_e2e_ms(records)
+    sent = [r for r in records if r.send_at_ms is not None]
+    span_s = (
+        (max(r.end_at_ms or 0 for r in sent) - min(r.send_at_ms or 0 for r in sent)) / 1000
+        if sent
+        else 0
+    )
+    return {
+        **outcomes.counts(records),
+        "reject_ms_p50": outcomes.percentile(rejects, 50),
+        "reject_ms_p99": outcomes.percentile(rejects, 99),
+        "admitted_e2e_ms_p50": outcomes.percentile(admitted, 50),
+        "admitted_e2e_ms_p99": outcomes.percentile(admitted, 99),
+        "throughput_rps": (len(admitted) / span_s) if span_s else None,
+        "ready_share": readiness.ready_share(),
+        "failures": outcomes.failures(records),
+        "codes": sorted({f"{r.status}:{r.error_code}" for r in records if not r.ok}),
+    }
+
+
+def wait_replicas(
+    base_url: str,
+    want: dict[str, int],
+    timeout_s: float = 300,
+    give_up: Callable[[], bool] = lambda: False,
+) -> float | None:
+    """Seconds until /readyz shows at least `want` running replicas per stage (None: never,
+    or `give_up()` said so, asked every 10 s)."""
+    started = time.perf_counter()
+    asked = started
+    while time.perf_counter() - started < timeout_s:
+        if time.perf_counter() - asked > 10:
+            asked = time.perf_counter()
+            if give_up():
+                return None
+        try:
+            replicas = httpx.get(f"{base_url}/readyz", timeout=10).json().get("replicas", {})
+            if all(replicas.get(stage, 0) >= count for stage, count in want.items()):
+                return time.perf_counter() - started
+        except (httpx.HTTPError, ValueError):
+            pass
+        time.sleep(0.5)
+    return None
+
+
+def warm_up(base_url: str) -> None:
+    for question in QUESTIONS[:2]:
+        httpx.post(
+            f"{base_url}/v1/rag/query",
+            json={"question": question, "max_tokens": 8},
+            timeout=CLIENT_TIMEOUT_S,
+        )
+
+
+# --- scenarios ---------------------------------------------------------------------------
+
+
+def run_overload(work: Path, seed: int) -> dict:
+    port = free_port()
+    config = write_variant(ROOT / "serve_config.yaml", {}, work / "overload.yaml", port=port)
+    limit = parse_config(first_application(config)[1]["args"]).in_flight_limit()
+    with started_service(config, port, work / "overload.serve.log") as service:
+        warm_up(service.base_url)
+        capacity_records, capacity_ready, _ = asyncio.run(
+            load(service.base_url, specs(2 * limit), concurrency=limit, seed=seed)
+        )
+        capacity = summary(capacity_records, capacity_ready)
+        rate = 10 * (capacity["throughput_rps"] or 1.0)
+        count = min(600, max(100, int(rate * 30)))
+        over_records, over_ready, _ = asyncio.run(
+            load(service.base_url, specs(count, 1000), rate_per_s=rate, seed=seed)
+        )
+        overloaded = summary(over_records, over_ready)
+    ratio = bootstrap.ratio_ci(
+        outcomes.admitted_e2e_ms(over_records),
+        outcomes.admitted_e2e_ms(capacity_records),
+        bootstrap.quantile(99),
+        seed=seed,
+    )
+    return {
+        "in_flight_limit": limit,
+        "offered_rate_rps": rate,
+        "capacity": capacity,
+        "overload": overloaded,
+        "admitted_p99_ratio": [ratio.estimate, ratio.low, ratio.high],
+    }
+
+
+def run_replica_kills(work: Path, seed: int) -> list[dict]:
+    port = free_port()
+    config = write_variant(ROOT / "serve_config.scale.yaml", {}, work / "scale.yaml", port=port)
+    whole = {"retriever": 2, "compressor": 2, "generator": 2, "ingress": 2}
+    results = []
+    with started_service(config, port, work / "scale.serve.log") as service:
+        warm_up(service.base_url)
+        targets = [
+            ("Retriever", "replica"),
+            ("Compressor", "replica"),
+            ("Generator", "replica"),
+            ("RagIngress", "replica"),
+            ("Generator", "engine"),
+        ]
+        for index, (deployment, what) in enumerate(targets):
+            stages = {s: n for s, n in whole.items() if s != "ingress"}
+            wait_replicas(service.base_url, stages)
+            if what == "engine":
+                victim = faults.engine_pids(service.pid)[0]
+            else:
+                victim = faults.replica_pids(service.pid, deployment)[0]
+            records, readiness, struck = asyncio.run(
+                load(
+                    service.base_url,
+                    specs(48, 100 * index),
+                    concurrency=4,
+                    seed=seed,
+                    strike=(5.0, functools.partial(faults.kill, victim)),
+                )
+            )
+            stage = STAGE_OF.get(deployment)
+            detected: float | None = None
+            recovered: float | None = None
+            if stage is not None and struck is not None:
+                detected = readiness.first_time(
+                    lambda status, replicas, s=stage: replicas.get(s, 2) < 2, struck
+                )
+                back = wait_replicas(service.base_url, {stage: 2})
+                recovered = _recovery_s(readiness, stage, struck, back)
+            if deployment == "RagIngress":
+                recovered = _ingress_recovery_s(service.pid, victim)
+            results.append(
+                {
+                    "target": f"{deployment} {what}",
+                    "victim_pid": victim,
+                    "struck_at_s": struck,
+                    "detected_after_s": (
+                        None if detected is None or struck is None else detected - struck
+                    ),
+                    "recovered_after_s": recovered,
+                    **summary(records, readiness),
+                }
+            )
+    return results
+
+
+def _recovery_s(
+    readiness: outcomes.ReadinessLog, stage: str, struck: float, waited_after_run: float | None
+) -> float | None:
+    """Seconds from the kill until the stage had its replicas back, from the log taken
+    during the load, else from the wait after it (None when it never came back)."""
+    down = readiness.first_time(lambda status, replicas: replicas.get(stage, 2) < 2, struck)
+    if down is not None:
+        up = readiness.first_time(lambda status, replicas: replicas.get(stage, 0) >= 2, down)
+        if up is not None:
+            return up - struck
+    if waited_after_run is None:
+        return None
+    last = readiness.samples[-1][0] if readiness.samples else struck
+    return (last - struck) + waited_after_run
+
+
+def _ingress_recovery_s(root_pid: int, victim: int, timeout_s: float = 300) -> float | None:
+    """The ingress is not in /readyz (it serves it): count its replica processes instead."""
+    started = time.perf_counter()
+    while time.perf_counter() - started < timeout_s:
+        pids = faults.replica_pids(root_pid, "RagIngress")
+        if victim not in pids and len(pids) >= 2:
+            return time.perf_counter() - started
+        time.sleep(0.5)
+    return None
+
+
+def run_node_loss(work: Path, seed: int) -> dict:
+    http_port = free_port()
+    config = write_variant(
+        ROOT / "serve_config.multinode.yaml", {}, work / "multinode.yaml", port=http_port
+    )
+    base_url = f"http://127.0.0.1:{http_port}"
+    nodes = [NodeSpec("node_a", 1), NodeSpec("node_b", 1)]
+    with local_cluster(nodes, work / "cluster", free_port(), free_port()) as cluster:
+        cluster.deploy(config, work / "deploy.log")
+        ready_s = wait_replicas(
+            base_url,
+            {"retriever": 2, "compressor": 2, "generator": 2},
+            timeout_s=600,
+            give_up=lambda: cluster.app_status()[0] == "DEPLOY_FAILED",
+        )
+        if ready_s is None:
+            raise RuntimeError(f"the app did not come up: {cluster.app_status()}")
+        warm_up(base_url)
+        before = cluster.placement()
+        records, readiness, struck = asyncio.run(
+            load(
+                base_url,
+                specs(64, 5000),
+                concurrency=4,
+                seed=seed,
+                strike=(5.0, lambda: cluster.take_away("node_b")),
+            )
+        )
+        time.sleep(10)
+        after = cluster.placement()
+        alive = cluster.alive_nodes()
+    tail = [r for r in records if (r.send_at_ms or 0) / 1000 > (struck or 0) + 15]
+    return {
+        "deploy_to_ready_s": ready_s,
+        "placement_before": before,
+        "placement_after": after,
+        "alive_nodes_after": alive,
+        "struck_at_s": struck,
+        "after_15s": outcomes.counts(tail),
+        **summary(records, readiness),
+    }
+
+
+def run_fuzz(work: Path, seed: int, examples: int = 100) -> dict:
+    port = free_port()
+    overrides = {"generator.max_tokens_limit": 64, "generator.default_max_tokens": 16}
+    config = write_variant(ROOT / "serve_config.yaml", overrides, work / "fuzz.yaml", port=port)
+    with started_service(config, port, work / "fuzz.serve.log") as service:
+        started = time.perf_counter()
+        result = subprocess.run(
+            [
+                str(Path(sys.executable).with_name("st")), "run",
+                f"{service.base_url}/openapi.json",
+                "--checks", "not_a_server_error",
+                "--max-examples", str(examples), "--seed", str(seed),
+                "--request-timeout", "120",
+            ],
+            capture_output=True, text=True, timeout=3600, check=False,
+        )  # fmt: skip
+        elapsed = time.perf_counter() - started
+    (work / "fuzz.out.txt").write_text(result.stdout + result.stderr)
+    cases = re.findall(r"(\d+) generated", result.stdout)
+    return {
+        "examples_per_operation": examples,
+        "exit_code": result.returncode,
+        "generated": int(cases[-1]) if cases else None,
+        "server_errors_found": result.returncode != 0,
+        "seconds": elapsed,
+        "summary": _st_summary(result.stdout),
+    }
+
+
+def _st_summary(stdout: str) -> str:
+    lines = [line for line in stdout.splitlines() if line.strip()]
+    return "\n".join(lines[-12:])
+
+
+# --- report ------------------------------------------------------------------------------
+
+
+def markdown(results: dict[str, Any], command: str) -> str:
+    out = [
+        "# Reliability: overload, replica and engine deaths, node loss, fuzzing",
+        "",
+        f"Measured with `{command}` on {results['date']} ({results['machine']}). Every figure "
+        "is from that one run; raw records are in docs/results/reliability/. Outcomes: "
+        "*succeeded*; *refused* = 429/503 with Retry-After before any answer; *interrupted* "
+        "= a final stream error event after a stage died mid-answer; *failed* = anything "
+        "else (a 500, a 503 without Retry-After, a broken stream); *hung* = no answer "
+        f"within {CLIENT_TIMEOUT_S:.0f} s.",
+        "",
+    ]
+    if "overload" in results:
+        out += _overload_section(results["overload"])
+    if "replica-kill" in results:
+        out += _kill_section(results["replica-kill"])
+    if "node-loss" in results:
+        out += _node_section(results["node-loss"])
+    if "fuzz" in results:
+        fuzz = results["fuzz"]
+        out += [
+            "## Fuzzing every route (schemathesis)",
+            "",
+            f"`st run /openapi.json --checks not_a_server_error --max-examples "
+            f"{fuzz['examples_per_operation']}` against the CPU default (max_tokens capped at "
+            f"64): exit code {fuzz['exit_code']} "
+            f"({'server errors found' if fuzz['server_errors_found'] else 'no response >= 500'}),"
+            f" {fuzz['seconds']:.0f} s.",
+            "",
+            "```",
+            fuzz["summary"],
+            "```",
+            "",
+        ]
+    return "\n".join(out)
+
+
+def _row(label: str, s: dict) -> str:
+    return (
+        f"| {label} | {s['sent']} | {s['succeeded']} | {s['refused']} | {s['interrupted']} | "
+        f"{s['failed']} | {s['hung']} | {_ms(s['reject_ms_p50'])} / {_ms(s['reject_ms_p99'])} "
+        f"| {_ms(s['admitted_e2e_ms_p50'])} / {_ms(s['admitted_e2e_ms_p99'])} | "
+        f"{_share(s['ready_share'])} |"
+    )
+
+
+HEADER = (
+    "| run | sent | succeeded | refused | interrupted | failed | hung | reject ms p50 / p99 "
+    "| admitted E2E ms p50 / p99 | /readyz 200 |\n|---|---|---|---|---|---|---|---|---|---|"
+)
+
+
+def _overload_section(result: dict) -> list[str]:
+    low, high = result["admitted_p99_ratio"][1:]
+    return [
+        "## Overload at 10x capacity",
+        "",
+        f"CPU default (1 replica per stage; the ingress admits {result['in_flight_limit']} "
+        f"requests in flight). At capacity: closed loop, {result['in_flight_limit']} clients. "
+        f"Overload: Poisson arrivals at {result['offered_rate_rps']:.2f} req/s, 10x the "
+        f"{result['capacity']['throughput_rps']:.2f} req/s measured at capacity; "
+        f"max_tokens {MAX_TOKENS}.",
+        "",
+        HEADER,
+        _row("at capacity", result["capacity"]),
+        _row("10x overload", result["overload"]),
+        "",
+        f"Admitted p99 E2E under overload / at capacity: {result['admitted_p99_ratio'][0]:.2f}"
+        f" (95% bootstrap CI {low:.2f} to {high:.2f}). Refusal codes: "
+        f"{', '.join(result['overload']['codes']) or 'none'}.",
+        "",
+    ]
+
+
+def _kill_section(rows: list[dict]) -> list[str]:
+    out = [
+        "## kill -9 of one replica of each stage, and of one vLLM engine",
+        "",
+        "Scale profile (serve_config.scale.yaml: 2 replicas of every stage), 4 clients, 48 "
+        "requests each time, the kill 5 s in. Detected: until /readyz showed one replica "
+        "fewer; recovered: until the stage was whole again.",
+        "",
+        HEADER,
+    ]
+    out += [_row(row["target"], row) for row in rows]
+    out += [
+        "",
+        "| target | detected after | recovered after | non-success codes |",
+        "|---|---|---|---|",
+    ]
+    out += [
+        f"| {row['target']} | {_s(row['detected_after_s'])} | {_s(row['recovered_after_s'])} | "
+        f"{', '.join(row['codes']) or '-'} |"
+        for row in rows
+    ]
+    return [*out, ""]
+
+
+def _node_section(result: dict) -> list[str]:
+    return [
+        "## Losing a node",
+        "",
+        "Two Ray nodes on this machine (`ray start --head` with node_a, `ray start "
+        "--address` with node_b, 1 CPU each), `serve deploy serve_config.multinode.yaml` "
+        f"(ready {_s(result['deploy_to_ready_s'])} after the deploy), 4 clients, 64 requests;"
+        " node_b's raylet killed 5 s in.",
+        "",
+        f"Replicas before: `{json.dumps(result['placement_before'])}`",
+        "",
+        f"Replicas 10 s after the run: `{json.dumps(result['placement_after'])}` "
+        f"({result['alive_nodes_after']} node(s) alive)",
+        "",
+        HEADER,
+        _row("node_b lost", result),
+        _row("sent 15 s or more after the loss", result["after_15s"] | _blank()),
+        "",
+    ]
+
+
+def _blank() -> dict:
+    return {
+        "reject_ms_p50": None, "reject_ms_p99": None, "admitted_e2e_ms_p50": None,
+        "admitted_e2e_ms_p99": None, "ready_share": None,
+    }  # fmt: skip
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:,.0f}"
+
+
+def _s(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f} s"
+
+
+def _share(value: float | None) -> str:
+    return "-" if value is None else f"{100 * value:.0f}%"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.chaos", description=__doc__)
+    parser.add_argument("--out", type=Path, default=ROOT / "docs/reliability.md")
+    parser.add_argument("--results", type=Path, default=ROOT / "docs/results/reliability")
+    parser.add_argument("--work", type=Path, default=ROOT / "bench-results/chaos")
+    parser.add_argument("--scenarios", nargs="+", choices=SCENARIOS, default=list(SCENARIOS))
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    args.work.mkdir(parents=True, exist_ok=True)
+    args.results.mkdir(parents=True, exist_ok=True)
+    runners: dict[str, Callable[[Path, int], Any]] = {
+        "overload": run_overload,
+        "replica-kill": run_replica_kills,
+        "node-loss": run_node_loss,
+        "fuzz": run_fuzz,
+    }
+    results: dict[str, Any] = {
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "machine": _machine(),
+    }
+    for name in args.scenarios:
+        print(f"== {name}", flush=True)
+        started = time.perf_counter()
+        results[name] = runners[name](args.work, args.seed)
+        print(f"   {time.perf_counter() - started:.0f} s", flush=True)
+        (args.results / f"{name}.json").write_text(json.dumps(results[name], indent=2))
+    command = "python -m bench.chaos " + " ".join(argv or sys.argv[1:])
+    args.out.write_text(markdown(results, command.strip()))
+    print(f"wrote {args.out}")
+    return 0
+
+
+def _machine() -> str:
+    memory_gib = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") / 2**30
+    return f"{os.cpu_count()} cores, {memory_gib:.0f} GiB, CPU only"
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
