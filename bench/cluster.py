@@ -10,10 +10,12 @@ stop every Ray instance on the machine.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -168,6 +170,7 @@ def local_cluster(
     finally:
         for node in reversed(cluster.nodes):
             _stop_node(node)
+        _forget_address(cluster.gcs_address)
 
 
 def _start_node(spec: NodeSpec, log_dir: Path, role_args: list[str]) -> Node:
@@ -195,6 +198,15 @@ def _stop_node(node: Node) -> None:
     if node.process.poll() is None:
         node.process.kill()
     node.process.wait()
+
+
+def _forget_address(gcs_address: str) -> None:
+    """Remove the machine's "current cluster" file if it names the cluster stopped here (as
+    `ray stop` would), so a later `ray.init()` does not try to join a cluster that is gone."""
+    marker = Path(tempfile.gettempdir()) / "ray" / "ray_current_cluster"
+    with contextlib.suppress(OSError):
+        if marker.read_text().strip().endswith(gcs_address.rsplit(":", 1)[-1]):
+            marker.unlink()
 
 
 def _wait(condition, cluster: Cluster, timeout_s: float, message: str) -> None:

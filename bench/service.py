@@ -72,8 +72,10 @@ def started_service(
     serve_bin = Path(sys.executable).with_name("serve")
     environment = os.environ | {"RAY_USAGE_STATS_ENABLED": "0"} | dict(env or {})
     base_url = f"http://127.0.0.1:{port}"
+    # `--address local`: always a Ray instance of its own, never one found on this machine
+    # (a `ray start` cluster, or the stale address file a stopped one leaves behind).
     with running_server(
-        [*launcher, str(serve_bin), "run", str(config_path)],
+        [*launcher, str(serve_bin), "run", "--address", "local", str(config_path)],
         f"{base_url}/readyz",
         log_path,
         env=environment,

@@ -235,8 +235,8 @@ def test_started_service_runs_serve_run_and_waits_for_readyz(tmp_path, monkeypat
     fake_serve.write_text(
         f"#!{sys.executable}\n"
         "import json, os, runpy, sys\n"
-        "assert sys.argv[1] == 'run', sys.argv\n"
-        "port = json.load(open(sys.argv[2]))['port']\n"
+        "assert sys.argv[1:4] == ['run', '--address', 'local'], sys.argv\n"
+        "port = json.load(open(sys.argv[4]))['port']\n"
         "print('env', os.environ['RAY_USAGE_STATS_ENABLED'], os.environ['RAG_API_KEYS'])\n"
         f"sys.argv = ['server', str(port), '/readyz', '1']\n"
         f"exec({SERVER!r})\n"

@@ -1,0 +1,56 @@
+"""The layers point one way (README, Layout): checked from the source's import statements."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def imported_packages(path: Path) -> set[str]:
+    """Top-level names of everything a module imports, at any depth of its code."""
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names.update(alias.name.split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.add(node.module.split(".")[0])
+    return names
+
+
+def modules(package: str) -> list[Path]:
+    return sorted((ROOT / package).glob("*.py"))
+
+
+@pytest.mark.parametrize("path", modules("app"), ids=lambda p: p.name)
+def test_the_http_layer_imports_no_ray_and_no_stage_implementation(path):
+    imported = imported_packages(path)
+
+    assert "ray" not in imported
+    assert "deployments" not in imported
+    assert "generation" not in imported
+    if path.name != "config.py":  # the config tree names the stages' settings
+        assert "retrieval" not in imported
+
+
+@pytest.mark.parametrize(
+    "path", modules("pipeline") + modules("retrieval") + modules("generation"),
+    ids=lambda p: f"{p.parent.name}/{p.name}",
+)  # fmt: skip
+def test_stages_and_the_pipeline_import_no_ray_no_web_framework_and_no_app(path):
+    imported = imported_packages(path)
+
+    assert not imported & {"ray", "fastapi", "starlette", "deployments", "app"}
+
+
+@pytest.mark.parametrize(
+    "path",
+    [p for package in ("app", "pipeline", "retrieval", "generation", "bench", "scripts")
+     for p in modules(package)],
+    ids=lambda p: f"{p.parent.name}/{p.name}",
+)  # fmt: skip
+def test_nothing_imports_the_ray_wiring(path):
+    assert "deployments" not in imported_packages(path)
