@@ -19,7 +19,11 @@ from typing import Any
 
 from ray.exceptions import RayActorError
 from ray.serve.exceptions import BackPressureError, DeploymentUnavailableError
-from ray.serve.handle import DeploymentHandle, DeploymentResponse
+from ray.serve.handle import (
+    DeploymentHandle,
+    DeploymentResponse,
+    DeploymentResponseGenerator,
+)
 
 from pipeline.log import get_logger
 from pipeline.messages import (
@@ -85,8 +89,10 @@ class HandleStages:
     ) -> AsyncGenerator[Sequence[GenerationEvent], None]:
         if not self._available("generator"):
             raise StageUnavailable("generator", "unavailable", "no running replica")
-        stream = self.generator.options(stream=True).generate.remote(request)
+        stream = None
         try:
+            # Serve may refuse the call as it is made (a full queue), not only when it is read.
+            stream = self.generator.options(stream=True).generate.remote(request)
             async for batch in stream:
                 yield batch
         except BackPressureError as exc:
@@ -95,17 +101,30 @@ class HandleStages:
             logger.warning("generator replica lost (request %s)", request.request_id)
             raise StageUnavailable("generator", "unavailable", type(exc).__name__) from None
         finally:
-            stream.cancel()
+            if stream is not None:
+                _cancel(stream)
 
     async def _call(self, stage: StageName, send: Callable[[], DeploymentResponse]) -> Any:
         """One call; a lost replica is raised as it came, for the caller to decide."""
         if not self._available(stage):
             raise StageUnavailable(stage, "unavailable", "no running replica")
-        response = send()
+        response = None
         try:
+            response = send()  # Serve may refuse the call as it is made (a full queue)
             return await response
         except asyncio.CancelledError:
-            response.cancel()
+            if response is not None:
+                _cancel(response)
             raise
         except BackPressureError as exc:
             raise StageUnavailable(stage, "overloaded", str(exc)) from None
+
+
+def _cancel(call: DeploymentResponse | DeploymentResponseGenerator) -> None:
+    """Cancel a handle call, best effort. Serve's `cancel()` fetches the call's result to
+    cancel it on its replica and so re-raises the call's own failure (a BackPressureError,
+    an ActorDiedError): that must not replace the error being handled."""
+    try:
+        call.cancel()
+    except Exception as exc:  # the failure is already being reported by the caller
+        logger.debug("cancelling a failed call raised %s", type(exc).__name__)

@@ -426,6 +426,28 @@ def test_generate_backpressure_is_the_generator_overloaded():
     assert stream.cancelled
 
 
+class ReraisingStream(Stream):
+    """Serve's DeploymentResponseGenerator.cancel() fetches the call's result and so
+    re-raises its failure (seen: a BackPressureError answered as Serve's plain-text 503)."""
+
+    def cancel(self) -> None:
+        super().cancel()
+        for step in self.script:
+            if isinstance(step, BaseException):
+                raise step
+
+
+@pytest.mark.parametrize("failure", [backpressure, *REPLICA_LOST])
+def test_a_cancel_that_reraises_the_failure_does_not_replace_the_stage_error(failure):
+    stream = ReraisingStream(failure())
+
+    with pytest.raises(StageUnavailable) as excinfo:
+        bounded(drain(stages_with(generator=StreamingHandle(stream))))
+
+    assert excinfo.value.stage == "generator"
+    assert stream.cancelled
+
+
 @pytest.mark.parametrize("lost", REPLICA_LOST)
 def test_a_lost_generator_replica_is_unavailable_and_never_retried(lost):
     stream = Stream([TokenEvent("a")], lost())
