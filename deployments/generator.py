@@ -9,6 +9,7 @@ process) to talk to it.
 
 from __future__ import annotations
 
+import asyncio
 import os
 from collections.abc import AsyncIterator
 
@@ -42,7 +43,11 @@ class GeneratorServer(LLMServer):
         client = getattr(self.engine, "_engine_client", None)
         if client is None:
             raise RuntimeError("this Ray Serve LLM engine exposes no vLLM engine client")
-        self._vllm = VllmEngine.from_engine_client(client)
+        self._vllm = VllmEngine.from_engine_client(client, on_dead=_exit_soon)
+
+    async def check_health(self) -> None:
+        """A dead engine fails the check and ends the replica (see `_exit_soon`)."""
+        await self._vllm.check_health()
 
     async def generate(self, request: GenerationRequest) -> AsyncIterator[list[GenerationEvent]]:
         """Stream one chat completion as batches of TokenEvent, then a FinishEvent (or one
@@ -54,3 +59,12 @@ class GeneratorServer(LLMServer):
 def _replica_rank() -> int:
     rank = serve.get_replica_context().rank
     return int(getattr(rank, "rank", rank))
+
+
+def _exit_soon(delay_s: float = 0.5) -> None:
+    """End this replica's process shortly after its engine died, as vLLM's own server does:
+    Serve sees the actor die and replaces it at once, instead of after three failed health
+    checks, during which the router keeps sending requests to a replica that can only
+    refuse them. The delay lets the refusals already made reach their callers."""
+    logger.error("the vLLM engine died: this generator replica exits to be replaced")
+    asyncio.get_running_loop().call_later(delay_s, os._exit, 1)

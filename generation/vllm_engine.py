@@ -10,7 +10,7 @@ generation config, as vLLM's OpenAI server applies them.
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Callable
 from typing import Any
 
 from pipeline.log import get_logger
@@ -32,19 +32,33 @@ _DEFAULTED_FIELDS = ("repetition_penalty", "top_p", "top_k", "min_p", "stop_toke
 
 
 class VllmEngine:
-    def __init__(self, engine_client: Any, tokenizer: Any, max_model_len: int) -> None:
+    """`on_dead` is called (once) when the engine is found dead: vLLM's own server exits its
+    process then, and so should whatever hosts this engine, to be replaced at once."""
+
+    def __init__(
+        self,
+        engine_client: Any,
+        tokenizer: Any,
+        max_model_len: int,
+        on_dead: Callable[[], None] = lambda: None,
+    ) -> None:
         self._client = engine_client
         self._tokenizer = tokenizer
         self._max_model_len = max_model_len
+        self._on_dead = on_dead
+        self._dead = False
         defaults = engine_client.model_config.get_diff_sampling_param()
         self._sampling_defaults = {k: defaults[k] for k in _DEFAULTED_FIELDS if k in defaults}
 
     @classmethod
-    def from_engine_client(cls, engine_client: Any) -> VllmEngine:
+    def from_engine_client(
+        cls, engine_client: Any, on_dead: Callable[[], None] = lambda: None
+    ) -> VllmEngine:
         return cls(
             engine_client,
             engine_client.get_tokenizer(),
             int(engine_client.model_config.max_model_len),
+            on_dead,
         )
 
     def prompt_token_ids(self, messages: list[dict[str, str]]) -> list[int]:
@@ -97,6 +111,7 @@ class VllmEngine:
             yield ErrorEvent(StageError(400, str(exc), code="invalid_generation_request"))
         except EngineDeadError:
             logger.error("the vLLM engine is dead (request %s)", request.request_id)
+            self._died()
             yield ErrorEvent(
                 StageError(
                     503,
@@ -107,4 +122,13 @@ class VllmEngine:
             )
 
     async def check_health(self) -> None:
-        await self._client.check_health()
+        try:
+            await self._client.check_health()
+        except Exception:
+            self._died()
+            raise
+
+    def _died(self) -> None:
+        if not self._dead:
+            self._dead = True
+            self._on_dead()

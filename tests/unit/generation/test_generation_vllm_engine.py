@@ -278,3 +278,37 @@ def test_the_health_check_asks_the_engine():
     assert asyncio.run(healthy.check_health()) is None
     with pytest.raises(RuntimeError, match="engine dead"):
         asyncio.run(dead.check_health())
+
+
+def test_a_dead_engine_is_reported_once_to_whoever_hosts_it(vllm):
+    deaths: list[str] = []
+    engine = VllmEngine.from_engine_client(
+        FakeEngineClient(error=vllm.EngineDeadError(), unhealthy=True),
+        on_dead=lambda: deaths.append("dead"),
+    )
+
+    async def twice() -> None:
+        for _ in range(2):
+            [event async for event in engine.stream(request())]
+        with pytest.raises(RuntimeError):
+            await engine.check_health()
+
+    asyncio.run(twice())
+
+    assert deaths == ["dead"]
+
+
+def test_a_failed_health_check_reports_the_death_and_a_healthy_one_does_not():
+    deaths: list[str] = []
+    healthy = VllmEngine.from_engine_client(
+        FakeEngineClient(), on_dead=lambda: deaths.append("healthy")
+    )
+    dead = VllmEngine.from_engine_client(
+        FakeEngineClient(unhealthy=True), on_dead=lambda: deaths.append("dead")
+    )
+
+    asyncio.run(healthy.check_health())
+    with pytest.raises(RuntimeError):
+        asyncio.run(dead.check_health())
+
+    assert deaths == ["dead"]
