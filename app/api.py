@@ -85,6 +85,9 @@ def create_api(state: ApiState | None = None, max_body_bytes: int | None = None)
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         if state is not None:
+            # Know the stages before serving: Serve routes to this replica once startup
+            # ends, and an empty report would refuse its first requests as not ready.
+            await state.readiness.refresh()
             state.readiness.start()
         yield
         if state is not None:

@@ -98,7 +98,8 @@ class ReadinessMonitor:
         }
         ready = all(stages[name] == "ready" for name in self._required)
         degraded = tuple(name for name in self._optional if stages[name] != "ready")
-        replicas = {name: int(counts.get(name, 0)) for name in stages}
+        # Every count the source gave, the ingress's own included (informational).
+        replicas = {name: int(counts.get(name, 0)) for name in (*stages, *counts)}
         return ReadinessReport(ready, stages, degraded, time.monotonic(), replicas)
 
     async def _run(self) -> None:

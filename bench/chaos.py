@@ -58,7 +58,12 @@ QUESTIONS = (
 )
 MAX_TOKENS = 32
 CLIENT_TIMEOUT_S = 120.0
-STAGE_OF = {"Retriever": "retriever", "Compressor": "compressor", "Generator": "generator"}
+STAGE_OF = {
+    "Retriever": "retriever",
+    "Compressor": "compressor",
+    "Generator": "generator",
+    "RagIngress": "ingress",
+}
 
 
 def specs(count: int, offset: int = 0) -> list[RequestSpec]:
@@ -214,8 +219,7 @@ def run_replica_kills(work: Path, seed: int) -> list[dict]:
             ("Generator", "engine"),
         ]
         for index, (deployment, what) in enumerate(targets):
-            stages = {s: n for s, n in whole.items() if s != "ingress"}
-            wait_replicas(service.base_url, stages)
+            wait_replicas(service.base_url, whole)
             if what == "engine":
                 victim = faults.engine_pids(service.pid)[0]
             else:
@@ -238,8 +242,6 @@ def run_replica_kills(work: Path, seed: int) -> list[dict]:
                 )
                 back = wait_replicas(service.base_url, {stage: 2})
                 recovered = _recovery_s(readiness, stage, struck, back)
-            if deployment == "RagIngress":
-                recovered = _ingress_recovery_s(service.pid, victim)
             results.append(
                 {
                     "target": f"{deployment} {what}",
@@ -269,17 +271,6 @@ def _recovery_s(
         return None
     last = readiness.samples[-1][0] if readiness.samples else struck
     return (last - struck) + waited_after_run
-
-
-def _ingress_recovery_s(root_pid: int, victim: int, timeout_s: float = 300) -> float | None:
-    """The ingress is not in /readyz (it serves it): count its replica processes instead."""
-    started = time.perf_counter()
-    while time.perf_counter() - started < timeout_s:
-        pids = faults.replica_pids(root_pid, "RagIngress")
-        if victim not in pids and len(pids) >= 2:
-            return time.perf_counter() - started
-        time.sleep(0.5)
-    return None
 
 
 def run_node_loss(work: Path, seed: int) -> dict:

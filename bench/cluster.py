@@ -205,7 +205,7 @@ def _forget_address(gcs_address: str) -> None:
     `ray stop` would), so a later `ray.init()` does not try to join a cluster that is gone."""
     marker = Path(tempfile.gettempdir()) / "ray" / "ray_current_cluster"
     with contextlib.suppress(OSError):
-        if marker.read_text().strip().endswith(gcs_address.rsplit(":", 1)[-1]):
+        if marker.read_text().strip().rsplit(":", 1)[-1] == gcs_address.rsplit(":", 1)[-1]:
             marker.unlink()
 
 

@@ -26,8 +26,9 @@ from bench.loadgen import RequestRecord
 from bench.stats import percentile_or_none
 
 REFUSAL_STATUSES = (429, 503)
-# Error codes of a stream cut short because a stage went away (pipeline.rag._interrupted).
-INTERRUPTION_SUFFIXES = ("_unavailable", "_overloaded")
+# Error codes of a stream cut short because a stage went away (pipeline.rag._interrupted,
+# and a vLLM engine found dead mid-answer).
+INTERRUPTION_SUFFIXES = ("_unavailable", "_overloaded", "engine_dead")
 
 
 def outcome(record: RequestRecord) -> str:

@@ -34,6 +34,7 @@ STAGE_OF_DEPLOYMENT = {
     "Retriever": "retriever",
     "Compressor": "compressor",
     "Generator": "generator",
+    "RagIngress": "ingress",
 }
 
 
