@@ -70,9 +70,9 @@ def ratio_ci(
         bottom = stat(rng.choice(second, second.size))
         draws[i] = top / bottom if bottom else np.nan
     low, high = np.nanpercentile(draws, [2.5, 97.5])
-    return Interval(
-        stat(first) / stat(second), float(low), float(high), min(first.size, second.size)
-    )
+    bottom = stat(second)
+    estimate = stat(first) / bottom if bottom else float("nan")
+    return Interval(estimate, float(low), float(high), min(first.size, second.size))
 
 
 def paired_ci(

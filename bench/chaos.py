@@ -47,7 +47,7 @@ from bench.loadgen import RequestRecord, RequestSpec, make_client, run_load
 from bench.service import ROOT, free_port, started_service
 from bench.variant import first_application, write_variant
 
-SCENARIOS = ("overload", "replica-kill", "node-loss", "fuzz")
+SCENARIOS = ("overload", "overload-paced", "replica-kill", "node-loss", "fuzz")
 QUESTIONS = (
     "What is continuous batching?",
     "Why does the prefix cache hold only full KV blocks?",
@@ -152,7 +152,8 @@ def wait_replicas(
             if give_up():
                 return None
         try:
-            replicas = httpx.get(f"{base_url}/readyz", timeout=10).json().get("replicas", {})
+            body = httpx.get(f"{base_url}/readyz", timeout=10).json()
+            replicas = body.get("replicas", {}) if isinstance(body, dict) else {}
             if all(replicas.get(stage, 0) >= count for stage, count in want.items()):
                 return time.perf_counter() - started
         except (httpx.HTTPError, ValueError):
@@ -173,11 +174,24 @@ def warm_up(base_url: str) -> None:
 # --- scenarios ---------------------------------------------------------------------------
 
 
-def run_overload(work: Path, seed: int) -> dict:
+# The null engine at vLLM's pace here (TTFT ~0.3 s, ~30 ms a token): the same admission
+# path without the core vLLM's decoding takes from everything else.
+PACED_LIKE_VLLM = {
+    "generator.engine": "paced",
+    "generator.paced.ttft_ms": 300.0,
+    "generator.paced.tpot_ms": 30.0,
+    "compression.llmlingua.enabled": False,
+}
+
+
+def run_overload(work: Path, seed: int, overrides: dict | None = None, label: str = "") -> dict:
     port = free_port()
-    config = write_variant(ROOT / "serve_config.yaml", {}, work / "overload.yaml", port=port)
+    name = f"overload{label}"
+    config = write_variant(
+        ROOT / "serve_config.yaml", overrides or {}, work / f"{name}.yaml", port=port
+    )
     limit = parse_config(first_application(config)[1]["args"]).in_flight_limit()
-    with started_service(config, port, work / "overload.serve.log") as service:
+    with started_service(config, port, work / f"{name}.serve.log") as service:
         warm_up(service.base_url)
         capacity_records, capacity_ready, _ = asyncio.run(
             load(service.base_url, specs(2 * limit), concurrency=limit, seed=seed)
@@ -196,12 +210,17 @@ def run_overload(work: Path, seed: int) -> dict:
         seed=seed,
     )
     return {
+        "engine": "paced" if overrides else "vllm",
         "in_flight_limit": limit,
         "offered_rate_rps": rate,
         "capacity": capacity,
         "overload": overloaded,
         "admitted_p99_ratio": [ratio.estimate, ratio.low, ratio.high],
     }
+
+
+def run_overload_paced(work: Path, seed: int) -> dict:
+    return run_overload(work, seed, PACED_LIKE_VLLM, "-paced")
 
 
 def run_replica_kills(work: Path, seed: int) -> list[dict]:
@@ -357,8 +376,9 @@ def markdown(results: dict[str, Any], command: str) -> str:
     out = [
         "# Reliability: overload, replica and engine deaths, node loss, fuzzing",
         "",
-        f"Measured with `{command}` on {results['date']} ({results['machine']}). Every figure "
-        "is from that one run; raw records are in docs/results/reliability/. Outcomes: "
+        f"Measured with `{command}` on {results['date']} ({results['machine']})"
+        + _earlier(results.get("earlier", {}))
+        + ". Raw records are in docs/results/reliability/. Outcomes: "
         "*succeeded*; *refused* = 429/503 with Retry-After before any answer; *interrupted* "
         "= a final stream error event after a stage died mid-answer; *failed* = anything "
         "else (a 500, a 503 without Retry-After, a broken stream); *hung* = no answer "
@@ -367,6 +387,8 @@ def markdown(results: dict[str, Any], command: str) -> str:
     ]
     if "overload" in results:
         out += _overload_section(results["overload"])
+    if "overload-paced" in results:
+        out += _overload_section(results["overload-paced"])
     if "replica-kill" in results:
         out += _kill_section(results["replica-kill"])
     if "node-loss" in results:
@@ -390,6 +412,13 @@ def markdown(results: dict[str, Any], command: str) -> str:
     return "\n".join(out)
 
 
+def _earlier(earlier: dict[str, str]) -> str:
+    if not earlier:
+        return ""
+    parts = ", ".join(f"{name} on {measured}" for name, measured in sorted(earlier.items()))
+    return f"; scenarios kept from earlier runs of the same command: {parts}"
+
+
 def _row(label: str, s: dict) -> str:
     return (
         f"| {label} | {s['sent']} | {s['succeeded']} | {s['refused']} | {s['interrupted']} | "
@@ -407,10 +436,19 @@ HEADER = (
 
 def _overload_section(result: dict) -> list[str]:
     low, high = result["admitted_p99_ratio"][1:]
+    paced = result.get("engine") == "paced"
+    title = "## Overload at 10x capacity" + (", with a null engine at vLLM's pace" if paced else "")
+    engine = (
+        "The generator is the null engine (TTFT 300 ms, a token every 30 ms, about vLLM's "
+        "pace here), so no core is taken by decoding: the admission path alone. "
+        if paced
+        else ""
+    )
     return [
-        "## Overload at 10x capacity",
+        title,
         "",
-        f"CPU default (1 replica per stage; the ingress admits {result['in_flight_limit']} "
+        f"{engine}CPU default (1 replica per stage; the ingress admits "
+        f"{result['in_flight_limit']} "
         f"requests in flight). At capacity: closed loop, {result['in_flight_limit']} clients. "
         f"Overload: Poisson arrivals at {result['offered_rate_rps']:.2f} req/s, 10x the "
         f"{result['capacity']['throughput_rps']:.2f} req/s measured at capacity; "
@@ -503,6 +541,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.results.mkdir(parents=True, exist_ok=True)
     runners: dict[str, Callable[[Path, int], Any]] = {
         "overload": run_overload,
+        "overload-paced": run_overload_paced,
         "replica-kill": run_replica_kills,
         "node-loss": run_node_loss,
         "fuzz": run_fuzz,
@@ -516,11 +555,30 @@ def main(argv: Sequence[str] | None = None) -> int:
         started = time.perf_counter()
         results[name] = runners[name](args.work, args.seed)
         print(f"   {time.perf_counter() - started:.0f} s", flush=True)
-        (args.results / f"{name}.json").write_text(json.dumps(results[name], indent=2))
+        record = {"measured": results["date"], "result": results[name]}
+        (args.results / f"{name}.json").write_text(json.dumps(record, indent=2))
+    # Scenarios not run this time keep their last measured results in the report.
+    earlier = {
+        name: _load(args.results / f"{name}.json")
+        for name in SCENARIOS
+        if name not in args.scenarios and (args.results / f"{name}.json").exists()
+    }
+    results |= {name: result for name, (result, _) in earlier.items()}
+    results["earlier"] = {name: measured for name, (_, measured) in earlier.items()}
     command = "python -m bench.chaos " + " ".join(argv or sys.argv[1:])
     args.out.write_text(markdown(results, command.strip()))
     print(f"wrote {args.out}")
     return 0
+
+
+def _load(path: Path) -> tuple[Any, str]:
+    """A scenario's saved result and when it was measured (older files hold the result
+    alone: their modification time stands in)."""
+    record = json.loads(path.read_text())
+    if isinstance(record, dict) and "measured" in record and "result" in record:
+        return record["result"], record["measured"]
+    modified = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(path.stat().st_mtime))
+    return record, modified
 
 
 def _machine() -> str:

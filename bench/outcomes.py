@@ -103,7 +103,9 @@ async def watch_readiness(
         while True:
             try:
                 response = await client.get("/readyz")
-                status, replicas = response.status_code, response.json().get("replicas", {})
+                body = response.json()
+                status = response.status_code
+                replicas = body.get("replicas", {}) if isinstance(body, dict) else {}
             except (httpx.HTTPError, ValueError):
                 status, replicas = None, {}
             log.samples.append((time.perf_counter() - start, status, replicas))
