@@ -93,7 +93,8 @@ bench: setup models-qwen
 		--out bench-results/context-qwen
 	$(BIN)/python -m bench.suite --plan qwen --out bench-results/qwen
 	$(BIN)/python -m bench.batching --out bench-results/batching
-	$(BIN)/python -m bench.direct --out bench-results/direct
+	$(BIN)/python -m bench.overhead --out bench-results/overhead
+	$(BIN)/python -m bench.scale --out bench-results/scale
 	$(BIN)/python -m bench.suite --plan spec --out bench-results/spec
 
 # Quality lab, quick plan: SQuAD dev indexed once (about 4 minutes), 25 questions x 3 settings.

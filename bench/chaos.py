@@ -44,18 +44,11 @@ from app.config import parse_config
 from bench import bootstrap, faults, outcomes
 from bench.cluster import NodeSpec, local_cluster
 from bench.loadgen import RequestRecord, RequestSpec, make_client, run_load
+from bench.questions import DEFAULT_QUESTIONS as QUESTIONS
 from bench.service import ROOT, free_port, started_service
 from bench.variant import first_application, write_variant
 
 SCENARIOS = ("overload", "overload-paced", "replica-kill", "node-loss", "fuzz")
-QUESTIONS = (
-    "What is continuous batching?",
-    "Why does the prefix cache hold only full KV blocks?",
-    "What does AWQ quantize?",
-    "How does PagedAttention store the KV cache?",
-    "When does speculative decoding pay off?",
-    "What limits decode speed on a GPU?",
-)
 MAX_TOKENS = 32
 CLIENT_TIMEOUT_S = 120.0
 STAGE_OF = {

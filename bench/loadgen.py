@@ -70,7 +70,7 @@ class RequestSpec:
     model: str = DEFAULT_CHAT_MODEL
     # Chat endpoint only: the messages to send as they are, in place of one user message
     # holding `question` (which then only labels the record). For a model server with no
-    # RAG chain in front, e.g. the final prompts sent straight to vLLM (bench.direct).
+    # RAG chain in front, e.g. the final prompts sent straight to vLLM (bench.overhead).
     messages: tuple[dict[str, str], ...] | None = None
     temperature: float | None = None  # None: the server's default
 

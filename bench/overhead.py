@@ -45,6 +45,7 @@ import psutil
 from app.config import parse_config
 from bench import bootstrap, faults
 from bench.loadgen import RequestRecord, RequestSpec, make_client, run_load
+from bench.questions import DEFAULT_QUESTIONS as QUESTIONS
 from bench.service import ROOT, free_port, running_server, started_service
 from bench.stats import median, percentile_or_none
 from bench.variant import first_application, write_variant
@@ -52,16 +53,6 @@ from bench.vllm_server import running_vllm, vllm_environment, vllm_serve_argv
 from retrieval.models import resolve_model_reference
 from retrieval.prompt import build_messages
 
-QUESTIONS = (
-    "What is continuous batching?",
-    "Why does the prefix cache hold only full KV blocks?",
-    "What does AWQ quantize?",
-    "How does PagedAttention store the KV cache?",
-    "When does speculative decoding pay off?",
-    "What limits decode speed on a GPU?",
-    "How does LLMLingua compress a prompt?",
-    "What is time to first token?",
-)
 PACED_TTFT_MS = 50.0
 PACED_MAX_TOKENS = 64
 VLLM_MAX_TOKENS = 32

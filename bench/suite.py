@@ -198,7 +198,7 @@ def run_plan(plan: Sequence[ServiceVariant], out_dir: Path, base_config: Path) -
     return summary
 
 
-# The warm-up request; bench.direct sends vLLM the same question's final prompt.
+# The warm-up request.
 WARM_UP_QUESTION = "What is a KV cache?"
 WARM_UP_MAX_TOKENS = 4
 

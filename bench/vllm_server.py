@@ -1,6 +1,5 @@
-"""vLLM alone, as bench.direct's "direct" phase runs it: the `vllm serve` command and
-environment of the pipeline's generator, the server's run (bench.service.running_server) and
-its warm-up request.
+"""vLLM alone, as bench.overhead's vllm phase runs it: the `vllm serve` command and
+environment of the pipeline's generator, and the server's run (bench.service.running_server).
 
 The command carries the generator's model folder, served name, max_model_len and every
 engine_kwargs entry of the serve config, so vLLM alone runs the engine the pipeline runs.
@@ -14,11 +13,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-import httpx
-
 from app.config import GeneratorConfig
 from bench.service import running_server
-from bench.suite import WARM_UP_MAX_TOKENS
 
 # Flags vllm_serve_argv sets itself; an engine_kwargs key among them is refused, not overridden.
 RESERVED_ENGINE_KEYS = frozenset({"model", "served_model_name", "host", "port", "max_model_len"})
@@ -104,19 +100,3 @@ def running_vllm(
         stop_grace_s=STOP_TIMEOUT_S,
     ):
         yield base_url
-
-
-def warm_up_vllm(
-    base_url: str, model: str, messages: Sequence[dict[str, str]], temperature: float
-) -> None:
-    """The direct twin of bench.suite.warm_up: the warm-up question's final prompt, with the
-    same max_tokens, so both engines start the measured requests equally warm (kernels and
-    the system prompt's prefix-cache blocks)."""
-    body = {
-        "model": model,
-        "messages": list(messages),
-        "max_tokens": WARM_UP_MAX_TOKENS,
-        "temperature": temperature,
-    }
-    with httpx.Client(trust_env=False, timeout=600) as client:
-        client.post(f"{base_url}/v1/chat/completions", json=body).raise_for_status()

@@ -47,14 +47,15 @@ def readiness() -> ReadinessLog:
 
 
 def test_specs_are_distinct_rag_questions_with_the_offset_in_them():
-    specs = chaos.specs(8, offset=10)
+    specs = chaos.specs(len(chaos.QUESTIONS) + 2, offset=10)
 
-    assert len(specs) == 8
+    assert len(specs) == len(chaos.QUESTIONS) + 2
     assert {spec.endpoint for spec in specs} == {"rag"}
     assert {spec.max_tokens for spec in specs} == {chaos.MAX_TOKENS}
     assert specs[0].question == f"{chaos.QUESTIONS[0]} (#10)"
-    assert specs[7].question == f"{chaos.QUESTIONS[1]} (#17)"  # the questions cycle
-    assert len({spec.question for spec in specs}) == 8
+    cycled = len(chaos.QUESTIONS) + 1
+    assert specs[cycled].question == f"{chaos.QUESTIONS[1]} (#{10 + cycled})"  # they cycle
+    assert len({spec.question for spec in specs}) == len(specs)
     # Different offsets never repeat a prompt.
     assert not {s.question for s in chaos.specs(8)} & {s.question for s in specs}
     assert chaos.specs(0) == []

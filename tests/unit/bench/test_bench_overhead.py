@@ -156,12 +156,14 @@ def test_compare_refuses_sides_of_different_lengths():
 
 
 def test_chat_specs():
-    specs = overhead.chat_specs(10, 64, "smollm2-135m-instruct", offset=5)
+    count = len(overhead.QUESTIONS)
+    specs = overhead.chat_specs(count, 64, "smollm2-135m-instruct", offset=5)
 
-    assert len(specs) == 10
+    assert len(specs) == count
     assert specs[0].question == f"{overhead.QUESTIONS[5]} (#5)"
-    assert specs[3].question == f"{overhead.QUESTIONS[0]} (#8)"  # the questions cycle
-    assert len({spec.question for spec in specs}) == 10
+    wrap = count - 5
+    assert specs[wrap].question == f"{overhead.QUESTIONS[0]} (#{5 + wrap})"  # they cycle
+    assert len({spec.question for spec in specs}) == count
     for spec in specs:
         assert (spec.endpoint, spec.max_tokens, spec.model) == ("chat", 64, "smollm2-135m-instruct")
         assert spec.temperature == 0.0 and spec.messages is None

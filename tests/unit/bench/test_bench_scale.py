@@ -21,12 +21,14 @@ PNG = b"\x89PNG\r\n\x1a\n"
 
 
 def test_rag_specs():
-    specs = scale.rag_specs(14, offset=3)
+    count = len(scale.QUESTIONS) + 2
+    specs = scale.rag_specs(count, offset=3)
 
-    assert len(specs) == 14
+    assert len(specs) == count
     assert specs[0].question == f"{scale.QUESTIONS[3]} (#3)"
-    assert specs[9].question == f"{scale.QUESTIONS[0]} (#12)"  # the 12 questions cycle
-    assert len({spec.question for spec in specs}) == 14
+    wrap = len(scale.QUESTIONS) - 3
+    assert specs[wrap].question == f"{scale.QUESTIONS[0]} (#{3 + wrap})"  # they cycle
+    assert len({spec.question for spec in specs}) == count
     assert {(spec.endpoint, spec.max_tokens) for spec in specs} == {("rag", scale.MAX_TOKENS)}
     assert scale.rag_specs(0) == []
 

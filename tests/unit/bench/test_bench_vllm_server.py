@@ -14,8 +14,8 @@ import pytest
 
 from app.config import parse_config
 from bench import service, vllm_server
-from bench.direct import read_serve_config
 from bench.service import ServiceError, free_port
+from bench.variant import first_application
 from bench.vllm_server import (
     STOP_TIMEOUT_S,
     VLLM_SERVER_MODULE,
@@ -75,7 +75,7 @@ def test_vllm_command_carries_every_engine_arg_of_the_generator():
 
 
 def test_vllm_command_from_the_shipped_config_names_each_engine_kwarg():
-    config = read_serve_config(ROOT / "serve_config.yaml").app.generator
+    config = parse_config(first_application(ROOT / "serve_config.yaml")[1]["args"]).generator
     argv = vllm_serve_argv(sys.executable, "/m", config, "127.0.0.1", 9000)
 
     assert argv[argv.index("--served-model-name") + 1] == config.model_id
