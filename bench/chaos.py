@@ -50,6 +50,7 @@ from bench.variant import first_application, write_variant
 
 SCENARIOS = ("overload", "overload-paced", "replica-kill", "node-loss", "fuzz")
 MAX_TOKENS = 32
+WHOLE_STREAK = 4  # /readyz answers in a row that count as recovered (2 s)
 CLIENT_TIMEOUT_S = 120.0
 STAGE_OF = {
     "Retriever": "retriever",
@@ -139,6 +140,7 @@ def wait_replicas(
     or `give_up()` said so, asked every 10 s)."""
     started = time.perf_counter()
     asked = started
+    streak = 0
     while time.perf_counter() - started < timeout_s:
         if time.perf_counter() - asked > 10:
             asked = time.perf_counter()
@@ -147,10 +149,13 @@ def wait_replicas(
         try:
             body = httpx.get(f"{base_url}/readyz", timeout=10).json()
             replicas = body.get("replicas", {}) if isinstance(body, dict) else {}
-            if all(replicas.get(stage, 0) >= count for stage, count in want.items()):
-                return time.perf_counter() - started
+            whole = all(replicas.get(stage, 0) >= count for stage, count in want.items())
         except (httpx.HTTPError, ValueError):
-            pass
+            whole = False
+        # Several answers in a row: each ingress replica answers from its own view.
+        streak = streak + 1 if whole else 0
+        if streak >= WHOLE_STREAK:
+            return time.perf_counter() - started
         time.sleep(0.5)
     return None
 
@@ -272,13 +277,15 @@ def run_replica_kills(work: Path, seed: int) -> list[dict]:
 def _recovery_s(
     readiness: outcomes.ReadinessLog, stage: str, struck: float, waited_after_run: float | None
 ) -> float | None:
-    """Seconds from the kill until the stage had its replicas back, from the log taken
-    during the load, else from the wait after it (None when it never came back)."""
-    down = readiness.first_time(lambda status, replicas: replicas.get(stage, 2) < 2, struck)
-    if down is not None:
-        up = readiness.first_time(lambda status, replicas: replicas.get(stage, 0) >= 2, down)
-        if up is not None:
-            return up - struck
+    """Seconds from the kill until the stage had its replicas back for good: the first
+    sample from which on every sample of the log taken during the load shows them all (each
+    ingress replica answers /readyz from its own view, refreshed every 2 s, so one sample
+    can lag another), else the wait after the load (None when it never came back)."""
+    after = [(at, replicas.get(stage, 0) >= 2) for at, _, replicas in readiness.samples]
+    after = [(at, whole) for at, whole in after if at >= struck]
+    if any(not whole for _, whole in after) and after[-1][1]:
+        last_short = max(at for at, whole in after if not whole)
+        return min(at for at, whole in after if whole and at > last_short) - struck
     if waited_after_run is None:
         return None
     last = readiness.samples[-1][0] if readiness.samples else struck
