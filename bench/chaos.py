@@ -393,6 +393,7 @@ def markdown(results: dict[str, Any], command: str) -> str:
         out += _kill_section(results["replica-kill"])
     if "node-loss" in results:
         out += _node_section(results["node-loss"])
+    out += LIMITS
     if "fuzz" in results:
         fuzz = results["fuzz"]
         out += [
@@ -410,6 +411,24 @@ def markdown(results: dict[str, Any], command: str) -> str:
             "",
         ]
     return "\n".join(out)
+
+
+LIMITS = [
+    "## What the service cannot make clean, and why",
+    "",
+    "- **An ingress replica that dies mid-request.** Its HTTP responses are Serve's proxy's: a "
+    "stream already started is cut (the client sees the connection close), and a request "
+    "not yet answered gets the proxy's plain-text 500. Run two or more ingress replicas, and "
+    "let clients retry connection errors and 5xx.",
+    "- **A node that vanishes.** Requests in flight on its replicas wait until Ray declares "
+    "them dead (7 to 17 s in these runs), then get 503 with Retry-After; requests sent "
+    "after that are served by the surviving node.",
+    "- **Prefix-cache-affine routing across nodes.** Ray Serve LLM's "
+    "PrefixCacheAffinityRouter keeps its prefix tree in one detached actor. When the node "
+    "holding it was lost, every generator call hung (seen in a run before the two-node "
+    "profile switched to the default router).",
+    "",
+]
 
 
 def _earlier(earlier: dict[str, str]) -> str:
@@ -536,7 +555,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--work", type=Path, default=ROOT / "bench-results/chaos")
     parser.add_argument("--scenarios", nargs="+", choices=SCENARIOS, default=list(SCENARIOS))
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--render-only", action="store_true",
+        help="run nothing: write --out from the results saved under --results",
+    )  # fmt: skip
     args = parser.parse_args(argv)
+    if args.render_only:
+        args.scenarios = []
     args.work.mkdir(parents=True, exist_ok=True)
     args.results.mkdir(parents=True, exist_ok=True)
     runners: dict[str, Callable[[Path, int], Any]] = {
