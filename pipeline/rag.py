@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Protocol, TypeVar
 
@@ -22,6 +22,7 @@ from pipeline.messages import (
     CompressionPlan,
     ErrorEvent,
     FinishEvent,
+    GenerationEvent,
     GenerationRequest,
     PreparedPrompt,
     Retrieval,
@@ -153,7 +154,10 @@ class RagPipeline:
             # stream now, which cancels the call on its replica.
             async with contextlib.aclosing(self._stages.generate(request)) as stream:
                 async for batch in stream:
-                    for event in batch:
+                    # One text event per run of tokens in a batch: what the generator sent
+                    # together goes on together, so per-event costs downstream (rendering,
+                    # the proxy, the client) are paid per batch, not per token.
+                    for event in _merged(batch):
                         if isinstance(event, TokenEvent):
                             first_token_at = first_token_at or time.perf_counter()
                             pieces.append(event.text)
@@ -238,6 +242,17 @@ class RagPipeline:
         except ValueError as exc:  # the question alone does not fit the context window
             raise RequestRefused(StageError(400, str(exc), param="question")) from None
         return prepared, HopTiming.local(prepared.timing.own_ms)
+
+
+def _merged(batch: Sequence[GenerationEvent]) -> list[GenerationEvent]:
+    """`batch` with each run of consecutive TokenEvents joined into one."""
+    merged: list[GenerationEvent] = []
+    for event in batch:
+        if isinstance(event, TokenEvent) and merged and isinstance(merged[-1], TokenEvent):
+            merged[-1] = TokenEvent(merged[-1].text + event.text)
+        else:
+            merged.append(event)
+    return merged
 
 
 def tpot_ms(total_ms: float, ttft_ms: float, completion_tokens: int) -> float | None:

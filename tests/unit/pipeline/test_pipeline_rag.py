@@ -232,14 +232,10 @@ def test_events_come_in_order_sources_tokens_done():
 
     events = run(RagPipeline(stages))
 
-    assert [type(e) for e in events] == [
-        SourcesEvent,
-        TokenEvent,
-        TokenEvent,
-        TokenEvent,
-        DoneEvent,
-    ]
-    assert [e.text for e in events[1:4]] == ["Paged attention", " stores KV", " in blocks."]
+    # One text event per batch: the first batch's two tokens arrive joined.
+    assert [type(e) for e in events] == [SourcesEvent, TokenEvent, TokenEvent, DoneEvent]
+    assert [e.text for e in events[1:3]] == ["Paged attention stores KV", " in blocks."]
+    assert events[-1].result.answer == "Paged attention stores KV in blocks."
     assert stages.generate_closed
 
 
@@ -690,6 +686,21 @@ def test_a_stream_that_ends_without_a_finish_after_tokens_is_a_502_event():
 
     events = run(RagPipeline(stages, metrics=metrics))
 
-    assert [type(e) for e in events] == [SourcesEvent, TokenEvent, TokenEvent, FailedEvent]
+    assert [type(e) for e in events] == [SourcesEvent, TokenEvent, FailedEvent]
+    assert events[1].text == "Hi there"
     assert (events[-1].error.status, events[-1].error.type) == (502, "server_error")
     assert metrics.results == []
+
+
+def test_tokens_are_joined_within_a_batch_but_never_across_an_error():
+    stages = FakeStages(
+        script=(
+            [TokenEvent("a"), TokenEvent("b")],
+            [TokenEvent("c"), ErrorEvent(StageError(500, "boom")), TokenEvent("never")],
+        )
+    )
+
+    events = run(RagPipeline(stages))
+
+    assert [type(e) for e in events] == [SourcesEvent, TokenEvent, TokenEvent, FailedEvent]
+    assert [e.text for e in events[1:3]] == ["ab", "c"]
