@@ -67,6 +67,9 @@ class RequestSpec:
     compression_rate: float | None = None
     # "always" measures the method itself; "auto" lets the service's cost model decide.
     compression_policy: str | None = None
+    # Ask the service to return the (compressed) passages the model saw; the chat
+    # endpoint's record then keeps them with the sources (RequestRecord.passages).
+    include_context: bool = False
     model: str = DEFAULT_CHAT_MODEL
     # Chat endpoint only: the messages to send as they are, in place of one user message
     # holding `question` (which then only labels the record). For a model server with no
@@ -110,6 +113,9 @@ class RequestRecord:
     retry_after: str | None = None
     server_timings_ms: dict[str, float] | None = None
     server_tpot_ms: float | None = None
+    # With include_context on the chat endpoint: (id, title, text) of each passage the
+    # model saw, in prompt order.
+    passages: list[tuple[str, str, str]] | None = None
 
 
 def request_body(spec: RequestSpec) -> dict[str, Any]:
@@ -128,6 +134,8 @@ def request_body(spec: RequestSpec) -> dict[str, Any]:
     }
     if compression:
         rag["compression"] = compression
+    if spec.include_context:
+        rag["include_context"] = True
     sampling = {} if spec.temperature is None else {"temperature": spec.temperature}
     if spec.endpoint == "rag":
         return {
@@ -264,6 +272,8 @@ class _Stream:
     cached_prompt_tokens: int | None = None
     timings_ms: dict[str, float] | None = None
     tpot_ms: float | None = None
+    titles: dict[str, str] = field(default_factory=dict)
+    passages: list[tuple[str, str, str]] | None = None
     ended_at: float | None = None
     complete: bool = False
     error: str | None = None
@@ -278,6 +288,20 @@ class _Stream:
             self.gaps_s.append(now - self.last_at)
         self.last_at = now
         self.deltas += 1
+
+    def context(self, sources: object, rag: object) -> None:
+        """Titles from the sources chunk; the passages from the finish chunk's `rag`."""
+        if isinstance(sources, list):
+            for source in sources:
+                if isinstance(source, dict) and "id" in source:
+                    self.titles[str(source["id"])] = str(source.get("title", ""))
+        passages = rag.get("context") if isinstance(rag, dict) else None
+        if isinstance(passages, list):
+            self.passages = [
+                (str(p["id"]), self.titles.get(str(p["id"]), ""), str(p.get("text", "")))
+                for p in passages
+                if isinstance(p, dict) and "id" in p
+            ]
 
     def finals(self, usage: object, rag: object) -> None:
         if isinstance(usage, dict):
@@ -374,6 +398,7 @@ def _fill(
     record.output_tokens = stream.deltas if stream.usage_tokens is None else stream.usage_tokens
     record.server_timings_ms = stream.timings_ms
     record.server_tpot_ms = stream.tpot_ms
+    record.passages = stream.passages
     record.ok = kind is None
     record.error_kind = kind
     record.error = stream.error
@@ -414,6 +439,7 @@ async def _read_chat(events: AsyncIterator[tuple[str | None, str]], stream: _Str
             if isinstance(choice, dict) and isinstance(choice.get("delta"), dict):
                 stream.content(choice["delta"].get("content"), now)
         stream.finals(payload.get("usage"), payload.get("rag"))
+        stream.context(payload.get("sources"), payload.get("rag"))
 
 
 async def _drain(events: AsyncIterator[tuple[str | None, str]]) -> None:

@@ -132,11 +132,13 @@ def measure(
     return Point(side, concurrency, records, tree_cpu_s(root_pid) - cpu_before, wall)
 
 
-def chat_specs(count: int, max_tokens: int, model: str, offset: int = 0) -> list[RequestSpec]:
+def chat_specs(
+    count: int, max_tokens: int, model: str, offset: int = 0, include_context: bool = False
+) -> list[RequestSpec]:
     return [
         RequestSpec(
             "chat", f"{QUESTIONS[(offset + i) % len(QUESTIONS)]} (#{offset + i})", max_tokens,
-            model=model, temperature=0.0,
+            model=model, temperature=0.0, include_context=include_context,
         )
         for i in range(count)
     ]  # fmt: skip
@@ -185,6 +187,8 @@ def paced_chain(work: Path, tpot_ms: float, interval_ms: float, label: str):
         "generator.paced.tpot_ms": tpot_ms,
         "generator.stream_batching_interval_ms": interval_ms,
         "generator.max_tokens_limit": 256,
+        # The null engine has no batch limit: let every stream in, as the engine alone does.
+        "generator.deployment.max_ongoing_requests": 256,
         "compression.llmlingua.enabled": False,
         "ingress.max_in_flight_requests": 200,
     }
@@ -263,14 +267,18 @@ def run_vllm(work: Path, concurrency: Sequence[int], requests: int, seed: int) -
     _, application = first_application(config)
     app_config = parse_config(application["args"])
     model = app_config.generator.model_id
-    jobs = {c: chat_specs(max(requests, 2 * c), VLLM_MAX_TOKENS, model, offset=100 * c)
+    jobs = {c: chat_specs(max(requests, 2 * c), VLLM_MAX_TOKENS, model, offset=100 * c,
+                          include_context=True)
             for c in concurrency}  # fmt: skip
     chain_points, prompts = {}, {}
     with started_service(config, port, work / "vllm-chain.serve.log", launcher=PIN) as service:
         warm_chain(service.base_url)
         for c, specs in jobs.items():
-            prompts[c] = final_prompts(service.base_url, specs, app_config.prompt.system_prompt)
             chain_points[c] = measure("chain", service.base_url, service.pid, specs, c)
+            prompts[c] = [
+                final_prompt(record, app_config.prompt.system_prompt)
+                for record in chain_points[c].records
+            ]
     generator = app_config.generator
     vllm_port = free_port()
     argv = [
@@ -322,27 +330,16 @@ def run_vllm(work: Path, concurrency: Sequence[int], requests: int, seed: int) -
     return {"rows": rows, "max_tokens": VLLM_MAX_TOKENS}
 
 
-def final_prompts(
-    base_url: str, specs: Sequence[RequestSpec], system_prompt: str
-) -> list[tuple[list[dict[str, str]], int]]:
-    """The chain's final messages for each question (rebuilt from what it reports: the
-    sources and their compressed text, in order) and their prompt token counts. Each
-    question is asked with max_tokens 1 here; the measured run asks it again."""
-    out = []
-    with httpx.Client(base_url=base_url, timeout=600, trust_env=False) as client:
-        for spec in specs:
-            body = client.post(
-                "/v1/rag/query",
-                json={"question": spec.question, "max_tokens": 1, "include_context": True},
-            ).json()
-            titles = {source["id"]: source["title"] for source in body["sources"]}
-            sources = [
-                _Source(passage["id"], titles[passage["id"]], passage["text"])
-                for passage in body["context"]
-            ]
-            messages = build_messages(system_prompt, sources, spec.question.strip())
-            out.append((messages, int(body["usage"]["prompt_tokens"])))
-    return out
+def final_prompt(record: RequestRecord, system_prompt: str) -> tuple[list[dict[str, str]], int]:
+    """The chain's final messages for one answered request, rebuilt from what it reported
+    (include_context: the passages it sent, with their sources' titles, in prompt order,
+    and the question), and its prompt token count. Rebuilt from the measured request
+    itself, so neither side has seen the prompt before it is measured."""
+    if record.passages is None or record.usage_prompt_tokens is None:
+        raise RuntimeError(f"request {record.index} reported no context: {record.error}")
+    sources = [_Source(chunk_id, title, text) for chunk_id, title, text in record.passages]
+    messages = build_messages(system_prompt, sources, record.question.strip())
+    return messages, record.usage_prompt_tokens
 
 
 @dataclass(frozen=True)

@@ -313,3 +313,33 @@ def test_run_micro_times_each_part_of_the_admitted_path(monkeypatch):
     # the cost of the admitted path, not of a refusal.
     assert len(refusals) == 50
     assert refusals == [None] * 50
+
+
+def test_the_final_prompt_is_rebuilt_from_what_the_chain_reported():
+    record = rec(
+        3,
+        passages=[("awq#1", "AWQ and GPTQ", "AWQ keeps salient weights."), ("q#0", "Q", "x")],
+        usage_prompt_tokens=420,
+    )
+    record.question = "  What is AWQ? (#3) "
+
+    messages, tokens = overhead.final_prompt(record, "SYSTEM")
+
+    assert tokens == 420
+    assert messages[0] == {"role": "system", "content": "SYSTEM"}
+    user = messages[1]["content"]
+    assert user.index('<source id="awq#1" title="AWQ and GPTQ">') < user.index('id="q#0"')
+    assert "AWQ keeps salient weights." in user
+    assert user.endswith("Question: What is AWQ? (#3)")
+
+
+def test_a_request_that_reported_no_context_cannot_be_replayed():
+    with pytest.raises(RuntimeError, match="no context"):
+        overhead.final_prompt(rec(1, ok=False, error="boom"), "SYSTEM")
+
+
+def test_include_context_asks_the_chat_endpoint_for_the_passages():
+    [spec] = overhead.chat_specs(1, 8, "m", include_context=True)
+
+    assert request_body(spec)["rag"] == {"include_context": True}
+    assert "rag" not in request_body(overhead.chat_specs(1, 8, "m")[0])
