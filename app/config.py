@@ -303,7 +303,7 @@ class GeneratorConfig(StrictModel):
     )
     paced: PacedEngineConfig = PacedEngineConfig()
     stream_batching_interval_ms: float = Field(
-        10.0,
+        50.0,
         ge=0,
         description="The generator sends its first token at once, then what accumulated at "
         "most every this many ms (one Ray object per batch, not per token); 0 sends each "

@@ -54,6 +54,7 @@ from retrieval.models import resolve_model_reference
 from retrieval.prompt import build_messages
 
 PACED_TTFT_MS = 50.0
+SHIPPED_INTERVAL_MS = 50.0  # serve_config.yaml's generator.stream_batching_interval_ms
 PACED_MAX_TOKENS = 64
 VLLM_MAX_TOKENS = 32
 PIN = ("taskset", "-c", "0")
@@ -227,7 +228,7 @@ def run_paced(work: Path, concurrency: Sequence[int], requests: int, seed: int) 
         points = {c: chat_specs(max(requests, 2 * c), PACED_MAX_TOKENS, "smollm2-135m-instruct")
                   for c in concurrency}  # fmt: skip
         chain_points = {}
-        with paced_chain(work, tpot_ms, 10.0, label) as service:
+        with paced_chain(work, tpot_ms, SHIPPED_INTERVAL_MS, label) as service:
             for c, specs in points.items():
                 chain_points[c] = measure("chain", service.base_url, service.pid, specs, c)
         with paced_alone(work, tpot_ms, label + "-alone") as (url, pid):

@@ -29,7 +29,7 @@ class GeneratorServer(LLMServer):
         self,
         llm_config: LLMConfig,
         *,
-        stream_batching_interval_ms: float = 10.0,
+        stream_batching_interval_ms: float = 50.0,
         cpu_binding: list[str] | None = None,
     ) -> None:
         if cpu_binding:
