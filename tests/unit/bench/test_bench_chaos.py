@@ -4,10 +4,8 @@ fake clock, so its half-second pauses cost nothing). No scenario is run: they st
 
 from __future__ import annotations
 
-import http.server
 import json
 import socket
-import threading
 
 import httpx
 import pytest
@@ -326,45 +324,6 @@ class FakeClock:
         self.now += seconds
 
 
-class ReadyzServer:
-    """Answers GET /readyz with `answers[i]` on the i-th GET (the last one repeats): (status,
-    body), a dict body as JSON, a str as it is."""
-
-    def __init__(self, answers: list[tuple[int, object]]) -> None:
-        self.answers = answers
-        self.gets = 0
-        server = self
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def do_GET(self) -> None:
-                status, answer = server.answers[min(server.gets, len(server.answers) - 1)]
-                server.gets += 1
-                data = (answer if isinstance(answer, str) else json.dumps(answer)).encode()
-                self.send_response(status if self.path == "/readyz" else 404)
-                self.send_header("content-type", "application/json")
-                self.send_header("content-length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            def log_message(self, *args) -> None:
-                pass
-
-        self.httpd = http.server.HTTPServer(("127.0.0.1", 0), Handler)
-        self.thread = threading.Thread(
-            target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
-        )
-        self.thread.start()
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.httpd.server_address[1]}"
-
-    def close(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
-        self.thread.join(timeout=5)
-
-
 @pytest.fixture
 def clock(monkeypatch):
     fake = FakeClock()
@@ -372,19 +331,6 @@ def clock(monkeypatch):
     for name in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy"):
         monkeypatch.delenv(name, raising=False)
     return fake
-
-
-@pytest.fixture
-def readyz():
-    servers: list[ReadyzServer] = []
-
-    def start(answers: list[tuple[int, object]]) -> ReadyzServer:
-        servers.append(ReadyzServer(answers))
-        return servers[-1]
-
-    yield start
-    for server in servers:
-        server.close()
 
 
 @pytest.fixture
