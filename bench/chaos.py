@@ -111,19 +111,13 @@ async def load(
 def summary(records: Sequence[RequestRecord], readiness: outcomes.ReadinessLog) -> dict:
     rejects = outcomes.reject_ms(records)
     admitted = outcomes.admitted_e2e_ms(records)
-    sent = [r for r in records if r.send_at_ms is not None]
-    span_s = (
-        (max(r.end_at_ms or 0 for r in sent) - min(r.send_at_ms or 0 for r in sent)) / 1000
-        if sent
-        else 0
-    )
     return {
         **outcomes.counts(records),
         "reject_ms_p50": outcomes.percentile(rejects, 50),
         "reject_ms_p99": outcomes.percentile(rejects, 99),
         "admitted_e2e_ms_p50": outcomes.percentile(admitted, 50),
         "admitted_e2e_ms_p99": outcomes.percentile(admitted, 99),
-        "throughput_rps": (len(admitted) / span_s) if span_s else None,
+        "throughput_rps": outcomes.answered_per_s(records),
         "ready_share": readiness.ready_share(),
         "failures": outcomes.failures(records),
         "codes": sorted({f"{r.status}:{r.error_code}" for r in records if not r.ok}),

@@ -69,6 +69,15 @@ def admitted_e2e_ms(records: Sequence[RequestRecord]) -> list[float]:
     return [r.e2e_ms for r in records if r.ok and r.e2e_ms is not None]
 
 
+def answered_per_s(records: Sequence[RequestRecord]) -> float | None:
+    """Complete answers per second, over the span from the first send to the last end."""
+    sent = [r for r in records if r.send_at_ms is not None]
+    if not sent:
+        return None
+    span_s = (max(r.end_at_ms or 0 for r in sent) - min(r.send_at_ms or 0 for r in sent)) / 1000
+    return sum(r.ok for r in records) / span_s if span_s else None
+
+
 def failures(records: Sequence[RequestRecord], limit: int = 5) -> list[str]:
     """A few failed or hung requests, described for a report or an assertion message."""
     bad = [r for r in records if outcome(r) in ("failed", "hung")]

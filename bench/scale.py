@@ -90,17 +90,10 @@ def run_replicas(work: Path, seed: int) -> list[dict]:
 
 
 def point(records: Sequence[RequestRecord]) -> dict[str, Any]:
-    ok = [r for r in records if r.ok]
-    sent = [r for r in records if r.send_at_ms is not None]
-    span_s = (
-        (max(r.end_at_ms or 0 for r in sent) - min(r.send_at_ms or 0 for r in sent)) / 1000
-        if sent
-        else 0.0
-    )
-    ttfts = [r.ttft_ms for r in ok if r.ttft_ms is not None]
+    ttfts = [r.ttft_ms for r in records if r.ok and r.ttft_ms is not None]
     return {
         **outcomes.counts(records),
-        "throughput_rps": len(ok) / span_s if span_s else None,
+        "throughput_rps": outcomes.answered_per_s(records),
         "ttft_ms_p50": outcomes.percentile(ttfts, 50),
         "ttft_ms_p99": outcomes.percentile(ttfts, 99),
         "ttft_ms": ttfts,

@@ -227,3 +227,15 @@ def test_watch_readiness_records_an_unreachable_service_as_none():
 
     assert [(status, replicas) for _, status, replicas in log.samples[:3]] == [(None, {})] * 3
     assert log.ready_share() == 0.0
+
+
+def test_answered_per_s_counts_complete_answers_over_the_whole_span():
+    records = [
+        RequestRecord(0, "rag", "q", send_at_ms=0.0, end_at_ms=1000.0, ok=True),
+        RequestRecord(1, "rag", "q", send_at_ms=500.0, end_at_ms=2000.0, ok=True),
+        RequestRecord(2, "rag", "q", send_at_ms=600.0, end_at_ms=700.0, status=503),
+        RequestRecord(3, "rag", "q"),  # never sent
+    ]
+
+    assert outcomes.answered_per_s(records) == 1.0  # 2 answers over 2 s
+    assert outcomes.answered_per_s(records[3:]) is None
