@@ -12,14 +12,9 @@ from __future__ import annotations
 import json
 import time
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable
-from typing import Any
+from collections.abc import Callable
 
-Scope = dict[str, Any]
-Message = dict[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
-ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 
 class InFlightGate:

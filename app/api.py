@@ -141,7 +141,6 @@ async def _readyz(request: Request) -> JSONResponse:
     state: ApiState | None = getattr(request.app.state, "rag", None)
     if state is None:
         return JSONResponse({"ready": False, "stages": {}}, status_code=503)
-    state.readiness.start()
     report = state.readiness.report
     return JSONResponse(report.body(), status_code=200 if report.ready else 503)
 
@@ -236,7 +235,6 @@ def _admit(state: ApiState) -> None:
     """Refuse at once, from memory, what the service cannot take now; else hold a slot
     (the caller releases it with `state.gate.leave()`)."""
     retry_after_s = state.config.ingress.retry_after_s
-    state.readiness.start()
     report = state.readiness.report
     if not report.ready:
         down = ", ".join(name for name, status in report.stages.items() if status != "ready")
