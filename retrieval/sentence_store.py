@@ -7,7 +7,7 @@ folder, so a retrieval result carries only chunk rows and the question vector be
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -30,6 +30,7 @@ class SentenceStore:
         self._chunks = list(chunks)
         self._embeddings = sentence_embeddings
         self.version = version
+        self._row_of = {stored.chunk.chunk_id: row for row, stored in enumerate(self._chunks)}
 
     @classmethod
     def load(cls, directory: Path) -> SentenceStore:
@@ -40,6 +41,24 @@ class SentenceStore:
 
     def __len__(self) -> int:
         return len(self._chunks)
+
+    def embeddings_of(self, chunk_ids: Iterable[str]) -> dict[str, np.ndarray]:
+        """Each stored sentence of the chunks `chunk_ids` -> its embedding (a row view).
+
+        Ids this index does not hold are skipped. The keys are the sentences as stored (a
+        sentence too long for one chunk is stored in pieces, which match no whole sentence).
+        """
+        known: dict[str, np.ndarray] = {}
+        for chunk_id in chunk_ids:
+            row = self._row_of.get(chunk_id)
+            if row is None:
+                continue
+            stored = self._chunks[row]
+            for sentence, embedding_row in zip(
+                stored.chunk.sentences, stored.sentence_rows, strict=True
+            ):
+                known[sentence] = self._embeddings[embedding_row]
+        return known
 
     def context_chunk(self, chunk: RetrievedChunk) -> ContextChunk:
         """`chunk` with its stored sentences and their embeddings.

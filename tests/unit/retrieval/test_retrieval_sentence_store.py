@@ -274,3 +274,37 @@ def test_rebuilding_edited_text_in_the_same_second_gives_a_new_version(
     build_at(monkeypatch, corpus, output, 1_700_000_000)
 
     assert old_store.version != FaissIndex.load(output).version
+
+
+# --- the sentence embeddings of given chunks (for attribution) ------------------------------
+
+
+def test_embeddings_of_maps_each_stored_sentence_of_the_chunks_to_its_row(saved):
+    directory, _ = saved
+    store = SentenceStore.load(directory)
+    rows = unit_rows(len(SENTENCES), seed=4)
+
+    known = store.embeddings_of(iter(["kv#0", "batch#0"]))  # any iterable, e.g. a generator
+
+    assert set(known) == {SENTENCES[0], SENTENCES[1], SENTENCES[3]}
+    for row in (0, 1, 3):
+        np.testing.assert_array_equal(known[SENTENCES[row]], rows[row])
+
+
+def test_embeddings_of_overlapping_chunks_holds_each_sentence_once(saved):
+    directory, _ = saved
+    store = SentenceStore.load(directory)
+
+    known = store.embeddings_of(["kv#0", "kv#1", "sched#0"])
+
+    assert list(known) == [SENTENCES[0], SENTENCES[1], SENTENCES[2], SENTENCES[4]]
+    np.testing.assert_array_equal(known[SENTENCES[0]], unit_rows(len(SENTENCES), seed=4)[0])
+
+
+def test_embeddings_of_skips_ids_the_index_does_not_hold(saved):
+    directory, _ = saved
+    store = SentenceStore.load(directory)
+
+    assert store.embeddings_of(["missing#0", "kv#9"]) == {}
+    assert store.embeddings_of([]) == {}
+    assert set(store.embeddings_of(["missing#0", "batch#0"])) == {SENTENCES[3]}
