@@ -16,15 +16,11 @@ import pytest
 
 from bench import faults, outcomes
 from bench.loadgen import RequestSpec, make_client, run_load
+from bench.questions import DEFAULT_QUESTIONS
 
 pytestmark = pytest.mark.reliability
 
-QUESTIONS = (
-    "What is continuous batching?",
-    "Why does the prefix cache hold only full KV blocks?",
-    "What does AWQ quantize?",
-    "How does PagedAttention store the KV cache?",
-)
+QUESTIONS = DEFAULT_QUESTIONS[:4]
 
 
 @pytest.fixture(scope="module")
