@@ -39,6 +39,7 @@ from app.errors import (
     timed_out,
 )
 from app.guard import RequestGuard, request_id_of
+from app.playground import install_playground
 from app.readiness import ReadinessMonitor
 from app.schemas import (
     ChatCompletionRequest,
@@ -50,7 +51,7 @@ from app.schemas import (
 )
 from app.settings import Settings
 from pipeline.log import get_logger
-from pipeline.messages import CompressionPlan
+from pipeline.messages import CompressionPlan, Turn
 from pipeline.rag import (
     DoneEvent,
     FailedEvent,
@@ -79,7 +80,7 @@ class ApiState:
     serve_request_id: Callable[[], str | None] = field(default=lambda: None)
 
 
-def create_api(state: ApiState | None = None, max_body_bytes: int | None = None) -> FastAPI:
+def create_api(state: ApiState | None = None) -> FastAPI:
     """The FastAPI app; without `state` every /v1 route answers 503 (not ready)."""
 
     @contextlib.asynccontextmanager
@@ -99,10 +100,13 @@ def create_api(state: ApiState | None = None, max_body_bytes: int | None = None)
         "context compression, vLLM generation.",
         version="0.2.0",
         lifespan=lifespan,
+        # The default /docs loads Swagger UI from a CDN; the playground module serves it locally.
+        docs_url=None,
+        redoc_url=None,
     )
     api.state.rag = state
     _install_error_handlers(api)
-    limit = max_body_bytes or (state.config.ingress.max_body_bytes if state else 1 << 20)
+    limit = state.config.ingress.max_body_bytes if state else 1 << 20
     # Middleware added last runs first: the body-size check, then the request guard.
     api.add_middleware(RequestGuard)
     api.add_middleware(
@@ -123,6 +127,7 @@ def create_api(state: ApiState | None = None, max_body_bytes: int | None = None)
     api.add_api_route(
         "/v1/chat/completions", _chat_completions, methods=["POST"], responses=ERROR_RESPONSES
     )
+    install_playground(api)
     return api
 
 
@@ -152,7 +157,10 @@ async def _models(request: Request) -> ModelList:
 
 async def _rag_query(body: RagQueryRequest, request: Request):
     state = _state(request)
-    query = _query(state, request, body.question, body, body.max_tokens, body.temperature)
+    history = tuple(Turn(turn.role, turn.content) for turn in body.history)
+    query = _query(
+        state, request, body.question, body, body.max_tokens, body.temperature, history, "history"
+    )
     if body.stream:
         return await _stream(state, query, rag_format.sse_events(query))
     result = await _collect(state, query)
@@ -169,17 +177,21 @@ async def _chat_completions(body: ChatCompletionRequest, request: Request):
             param="model",
             code="model_not_found",
         )
-    question = openai_format.question_of(body)
+    chat = openai_format.conversation_of(body)
     max_tokens = body.max_completion_tokens or body.max_tokens
     options = body.rag or RagOptions()
-    query = _query(state, request, question, options, max_tokens, body.temperature)
+    query = _query(
+        state, request, chat.question, options, max_tokens, body.temperature, chat.history,
+        "messages", chat.positions,
+    )  # fmt: skip
     created = int(time.time())
+    ignored = chat.ignored_system_messages
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        renderer = openai_format.sse_chunks(query, body.model, created, include_usage)
+        renderer = openai_format.sse_chunks(query, body.model, created, include_usage, ignored)
         return await _stream(state, query, renderer)
     result = await _collect(state, query)
-    return JSONResponse(openai_format.completion_body(result, body.model, created))
+    return JSONResponse(openai_format.completion_body(result, body.model, created, ignored))
 
 
 def _query(
@@ -189,9 +201,13 @@ def _query(
     options: RagOptions,
     max_tokens: int | None,
     temperature: float | None,
+    history: tuple[Turn, ...] = (),
+    history_param: str = "history",
+    positions: tuple[int, ...] | None = None,
 ) -> RagQuery:
     """Validate what the schema cannot know (limits from config)."""
     config = state.config
+    _check_history(config, history, history_param, positions)
     question = question.strip()
     if not question:
         raise bad_request("question must not be empty", param="question")
@@ -216,7 +232,34 @@ def _query(
         temperature=(config.generator.default_temperature if temperature is None else temperature),
         request_id=request_id_of(request),
         include_context=options.include_context,
+        history=history,
+        retrieval_query=options.retrieval_query or config.conversation.retrieval_query,
+        answer_style=options.answer_style or config.prompt.answer_style,
+        citations=config.citations.enabled if options.citations is None else options.citations,
     )
+
+
+def _check_history(
+    config: RagAppConfig,
+    history: tuple[Turn, ...],
+    param: str,
+    positions: tuple[int, ...] | None = None,
+) -> None:
+    """Earlier turns within the configured limits, else a 400 naming the field;
+    `positions` are the turns' indexes in the request's list, where they differ."""
+    limits = config.conversation
+    if len(history) > limits.max_turns:
+        raise bad_request(
+            f"{param} holds {len(history)} earlier turns; at most {limits.max_turns} are accepted",
+            param=param,
+        )
+    for index, turn in enumerate(history):
+        if len(turn.content) > limits.max_turn_chars:
+            field_name = f"{param}.{positions[index] if positions else index}.content"
+            raise bad_request(
+                f"{field_name} is longer than {limits.max_turn_chars} characters",
+                param=field_name,
+            )
 
 
 def _plan(config: RagAppConfig, options: RagOptions) -> CompressionPlan:
@@ -307,11 +350,7 @@ async def _guarded(
     try:
         async for event in events:
             yield event
-    except StageUnavailable as exc:
-        error = stage_unavailable(exc, state.config.ingress.retry_after_s)
-        yield rag_format.error_event(error, query.request_id)
-        yield rag_format.DONE
-    except Exception:
+    except Exception:  # the pipeline's own failures arrive as FailedEvents, not here
         logger.exception("stream failed (request %s)", query.request_id)
         yield rag_format.error_event(internal(), query.request_id)
         yield rag_format.DONE

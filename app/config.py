@@ -12,12 +12,22 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from pipeline.messages import CompressionMethod, CompressionPolicy
+from pipeline.conversation import ConversationSettings
+from pipeline.messages import (
+    AnswerStyle,
+    CompressionMethod,
+    CompressionPolicy,
+    RetrievalQueryMode,
+)
 from retrieval.cost_model import CompressionCostModel, CompressorCost, PrefillCost
 from retrieval.llmlingua_compressor import LLMLinguaOptions
 from retrieval.models import resolve_model_reference
 from retrieval.preparation import LLMLinguaLoad
-from retrieval.prompt import DEFAULT_SYSTEM_PROMPT
+from retrieval.prompt import (
+    DEFAULT_SYSTEM_PROMPT,
+    REWRITE_SYSTEM_PROMPT,
+    SHORT_ANSWER_SYSTEM_PROMPT,
+)
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
@@ -362,10 +372,84 @@ class GeneratorConfig(StrictModel):
 class PromptConfig(StrictModel):
     system_prompt: str = Field(
         DEFAULT_SYSTEM_PROMPT,
-        description="Static system prompt; keep it identical across requests and longer than "
-        "one KV block (128 tokens on CPU, 16 on GPU) so the prefix cache can hold it.",
+        description="Static system prompt of the 'explained' answer style; keep it identical "
+        "across requests and longer than one KV block (128 tokens on CPU, 16 on GPU) so the "
+        "prefix cache can hold it.",
+    )
+    short_system_prompt: str = Field(
+        SHORT_ANSWER_SYSTEM_PROMPT,
+        description="Static system prompt of the 'short' answer style (the answer span "
+        "only); as long as one KV block too, so it is cached like the other.",
+    )
+    answer_style: AnswerStyle = Field(
+        "explained",
+        description="Answer style when a request names none: 'short' (the answer span only) "
+        "or 'explained' (a few sentences).",
     )
     margin_tokens: int = Field(16, ge=0, description="Slack kept free in the context window.")
+
+    def system_prompts(self) -> dict[AnswerStyle, str]:
+        return {"explained": self.system_prompt, "short": self.short_system_prompt}
+
+
+class ConversationConfig(StrictModel):
+    retrieval_query: RetrievalQueryMode = Field(
+        "join",
+        description="What a follow-up is retrieved by when a request names nothing: 'last' "
+        "(the last user message alone), 'join' (the recent user turns joined) or 'rewrite' "
+        "(a standalone question rewritten by the generator, one short generation).",
+    )
+    join_user_turns: int = Field(
+        2, ge=0, description="Earlier user turns joined to the question by 'join'."
+    )
+    history_max_tokens: int = Field(
+        512,
+        ge=0,
+        description="Earlier turns kept in the prompt, in serving-tokenizer tokens; the "
+        "oldest are cut first.",
+    )
+    max_turns: int = Field(
+        32, ge=0, description="Most earlier turns a request may send (400 past it)."
+    )
+    max_turn_chars: int = Field(
+        8000, ge=1, description="Longest earlier turn accepted, in characters (400 past it)."
+    )
+    rewrite_system_prompt: str = Field(
+        REWRITE_SYSTEM_PROMPT,
+        description="Static system prompt of the rewrite (one KV block or more, so cached).",
+    )
+    rewrite_max_tokens: int = Field(48, ge=1, description="Longest rewritten question.")
+    rewrite_timeout_s: float = Field(
+        10.0, gt=0, description="Past this the rewrite is dropped and the turns are joined."
+    )
+
+    def to_settings(self) -> ConversationSettings:
+        return ConversationSettings(
+            join_user_turns=self.join_user_turns,
+            rewrite_system_prompt=self.rewrite_system_prompt,
+            rewrite_max_tokens=self.rewrite_max_tokens,
+            rewrite_timeout_s=self.rewrite_timeout_s,
+        )
+
+
+class CitationConfig(StrictModel):
+    enabled: bool = Field(
+        True,
+        description="Attribute each answer sentence to the source sentence that supports "
+        "it (in the compressor, after generation); requests can turn it off.",
+    )
+    min_score: float = Field(
+        0.45,
+        ge=0,
+        le=1,
+        description="Least support score ((1-w) cosine + w lexical overlap) of a citation.",
+    )
+    lexical_weight: float = Field(
+        0.5, ge=0, le=1, description="w: the weight of lexical overlap in the score."
+    )
+    timeout_s: float = Field(
+        2.0, gt=0, description="Past this the answer goes out without citations."
+    )
 
 
 class RateLimitConfig(StrictModel):
@@ -410,6 +494,8 @@ class RagAppConfig(StrictModel):
     compression: CompressionConfig = CompressionConfig()
     generator: GeneratorConfig = GeneratorConfig()
     prompt: PromptConfig = PromptConfig()
+    conversation: ConversationConfig = ConversationConfig()
+    citations: CitationConfig = CitationConfig()
     ingress: IngressConfig = IngressConfig()
 
     @model_validator(mode="after")

@@ -1,16 +1,18 @@
 """The OpenAI chat-completions face of the pipeline: the question in, `chat.completion` out.
 
 Bodies and chunks are the `openai` package's own types, so what the official client parses
-is what is built here. Only the last user message is the question; the system prompt is the
-service's own (it is what the prefix cache holds), so client system messages and earlier
-turns are not sent to the model. Sources ride along in an extra `sources` field, the RAG
-figures in `rag`.
+is what is built here. The last message is the question, the user and assistant messages
+before it the conversation; the system prompt is the service's own (it is what the prefix
+cache holds), so client system (and developer) messages are ignored, and `rag` says how
+many were. Sources ride along in an extra `sources` field, the RAG figures and the
+citations in `rag`.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 
 from openai.types import CompletionUsage
 from openai.types.chat import ChatCompletion, ChatCompletionChunk, ChatCompletionMessage
@@ -21,21 +23,52 @@ from sse_starlette import ServerSentEvent
 
 from app.errors import ApiError, bad_request, error_body
 from app.rag_format import DONE, Renderer, response_model, sources_of, sse_event
-from app.schemas import ChatCompletionRequest
-from pipeline.messages import TokenEvent
+from app.schemas import ChatCompletionRequest, ChatMessage
+from pipeline.messages import TokenEvent, Turn
 from pipeline.rag import DoneEvent, FailedEvent, PipelineEvent, RagQuery, RagResult, SourcesEvent
 
 
-def question_of(body: ChatCompletionRequest) -> str:
-    """Text of the last user message (string content or text parts)."""
-    for message in reversed(body.messages):
-        if message.role != "user":
-            continue
-        if isinstance(message.content, str):
-            return message.content
-        parts = message.content or []
-        return " ".join(str(p.get("text", "")) for p in parts if p.get("type") == "text")
-    raise bad_request("messages must contain a user message", param="messages")
+@dataclass(frozen=True)
+class ChatConversation:
+    question: str
+    history: tuple[Turn, ...]
+    # Each history turn's index in `messages`.
+    positions: tuple[int, ...]
+    ignored_system_messages: int
+
+
+IGNORED_ROLES = ("system", "developer")
+
+
+def conversation_of(body: ChatCompletionRequest) -> ChatConversation:
+    """The last message (a user's) as the question, the user and assistant messages before
+    it as the history; system and developer messages are counted and left out."""
+    last = len(body.messages) - 1
+    if body.messages[last].role != "user":
+        raise bad_request("the last message must be the user's question", param="messages")
+    history: list[Turn] = []
+    positions: list[int] = []
+    ignored = 0
+    for index, message in enumerate(body.messages[:last]):
+        if message.role in IGNORED_ROLES:
+            ignored += 1
+        elif message.role in ("user", "assistant"):
+            history.append(Turn(message.role, text_of(message)))
+            positions.append(index)
+        else:
+            raise bad_request(
+                f"messages.{index}: role {message.role!r} is not supported (no tools here)",
+                param=f"messages.{index}.role",
+            )
+    return ChatConversation(text_of(body.messages[last]), tuple(history), tuple(positions), ignored)
+
+
+def text_of(message: ChatMessage) -> str:
+    """A message's text: string content or its text parts."""
+    if isinstance(message.content, str):
+        return message.content
+    parts = message.content or []
+    return " ".join(str(p.get("text", "")) for p in parts if p.get("type") == "text")
 
 
 def usage_of(result: RagResult) -> CompletionUsage:
@@ -48,7 +81,7 @@ def usage_of(result: RagResult) -> CompletionUsage:
     )
 
 
-def completion_body(result: RagResult, model: str, created: int) -> dict:
+def completion_body(result: RagResult, model: str, created: int, ignored_system: int = 0) -> dict:
     completion = ChatCompletion(
         id=f"chatcmpl-{result.request_id}",
         object="chat.completion",
@@ -63,12 +96,14 @@ def completion_body(result: RagResult, model: str, created: int) -> dict:
         ],
         usage=usage_of(result),
         sources=[source.model_dump() for source in sources_of(result.prepared)],
-        rag=_rag_extras(result),
+        rag=_rag_extras(result, ignored_system),
     )
     return completion.model_dump(exclude_unset=True)
 
 
-def sse_chunks(query: RagQuery, model: str, created: int, include_usage: bool) -> Renderer:
+def sse_chunks(
+    query: RagQuery, model: str, created: int, include_usage: bool, ignored_system: int = 0
+) -> Renderer:
     chunk_id = f"chatcmpl-{query.request_id}"
 
     def chunk(delta: chunk_types.ChoiceDelta, finish_reason=None, **extra) -> ServerSentEvent:
@@ -92,7 +127,9 @@ def sse_chunks(query: RagQuery, model: str, created: int, include_usage: bool) -
             elif isinstance(event, DoneEvent):
                 result = event.result
                 yield chunk(
-                    chunk_types.ChoiceDelta(), _finish_reason(result), rag=_rag_extras(result)
+                    chunk_types.ChoiceDelta(),
+                    _finish_reason(result),
+                    rag=_rag_extras(result, ignored_system),
                 )
                 if include_usage:
                     usage_chunk = ChatCompletionChunk(
@@ -119,9 +156,16 @@ def _finish_reason(result: RagResult):
     return reason if reason in ("stop", "length", "content_filter") else "stop"
 
 
-def _rag_extras(result: RagResult) -> dict:
+def _rag_extras(result: RagResult, ignored_system: int) -> dict:
     shown = response_model(result)
     return {
+        "citations": (
+            None if shown.citations is None else [c.model_dump() for c in shown.citations]
+        ),
+        "answer_style": shown.answer_style,
+        "retrieval_query": shown.retrieval_query and shown.retrieval_query.model_dump(),
+        "history_turns_used": shown.history_turns_used,
+        "ignored_system_messages": ignored_system,
         "compression_method": shown.compression_method,
         "degraded": shown.degraded,
         "context_tokens_before": shown.usage.context_tokens_before,

@@ -1,7 +1,8 @@
 """Rendering of /v1/rag/query results: one JSON body, or server-sent events.
 
-Stream: `event: sources`, then `event: delta` per batch of token text, then `event: done`
-with the whole result (usage and timings), then `data: [DONE]`. A failure after the first
+Stream: `event: sources`, then `event: delta` per batch of token text, then
+`event: citations`, then `event: done` with the whole result (usage and timings), then
+`data: [DONE]`. A failure after the first
 token is sent as `event: error` with the OpenAI error body.
 """
 
@@ -14,14 +15,16 @@ from sse_starlette import ServerSentEvent
 
 from app.errors import ApiError, error_body
 from app.schemas import (
+    CitationInfo,
     CompressionDecisionInfo,
     ContextPassage,
     RagQueryResponse,
     RagUsage,
+    RetrievalQueryInfo,
     Source,
     Timings,
 )
-from pipeline.messages import PreparedPrompt, TokenEvent
+from pipeline.messages import Citation, PreparedPrompt, RetrievalQuery, TokenEvent
 from pipeline.rag import DoneEvent, FailedEvent, PipelineEvent, RagQuery, RagResult, SourcesEvent
 
 Renderer = Callable[[AsyncIterator[PipelineEvent]], AsyncIterator[ServerSentEvent]]
@@ -42,6 +45,24 @@ def sources_of(prepared: PreparedPrompt) -> list[Source]:
     ]
 
 
+def citations_of(citations: tuple[Citation, ...] | None) -> list[CitationInfo] | None:
+    if citations is None:
+        return None
+    return [
+        CitationInfo(
+            answer_span=(c.answer_start, c.answer_end),
+            source_id=c.source_id,
+            source_span=(c.source_start, c.source_end),
+            score=c.score,
+        )
+        for c in citations
+    ]
+
+
+def retrieval_query_of(query: RetrievalQuery) -> RetrievalQueryInfo:
+    return RetrievalQueryInfo(mode=query.mode, text=query.text, rewrite_failed=query.rewrite_failed)
+
+
 def response_model(result: RagResult) -> RagQueryResponse:
     """The result as the API shows it (figures rounded for display)."""
     prepared = result.prepared
@@ -50,6 +71,10 @@ def response_model(result: RagResult) -> RagQueryResponse:
         id=result.request_id,
         answer=result.answer,
         sources=sources_of(prepared),
+        citations=citations_of(result.citations),
+        answer_style=result.answer_style,
+        retrieval_query=retrieval_query_of(result.retrieval_query),
+        history_turns_used=prepared.history_turns,
         compression_method=prepared.method,
         compression_decision=(
             None
@@ -74,8 +99,10 @@ def response_model(result: RagResult) -> RagQueryResponse:
         timings_ms=Timings(
             retrieve=_round(result.retrieve.own_ms),
             compress=_round(result.prepare.own_ms),
-            queue=_round(result.retrieve.queue_ms + result.prepare.queue_ms),
-            network=_round(result.retrieve.network_ms + result.prepare.network_ms),
+            rewrite=_round(result.rewrite_ms),
+            attribute=_round(result.attribute_ms),
+            queue=_round(result.queue_ms),
+            network=_round(result.network_ms),
             ttft=_round(result.ttft_ms),
             total=_round(result.total_ms),
         ),
@@ -106,9 +133,12 @@ def sse_events(query: RagQuery) -> Renderer:
                     "context_tokens_before": prepared.context_tokens_before,
                     "context_tokens_after": prepared.context_tokens_after,
                     "degraded": prepared.degraded,
+                    "retrieval_query": retrieval_query_of(event.retrieval_query).model_dump(),
                 })  # fmt: skip
             elif isinstance(event, DoneEvent):
-                yield _event("done", response_body(event.result))
+                body = response_body(event.result)
+                yield _event("citations", {"citations": body["citations"]})
+                yield _event("done", body)
             elif isinstance(event, FailedEvent):
                 yield error_event(ApiError.from_stage(event.error), query.request_id)
                 break

@@ -6,7 +6,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from pipeline.messages import CompressionMethod, CompressionPolicy
+from pipeline.messages import AnswerStyle, CompressionMethod, CompressionPolicy, RetrievalQueryMode
 
 
 class _Strict(BaseModel):
@@ -36,10 +36,33 @@ class RagOptions(_Strict):
     include_context: bool = Field(
         False, description="Return the (compressed) context the model saw, for evaluation."
     )
+    answer_style: AnswerStyle | None = Field(
+        None,
+        description="'short': the answer span only; 'explained': a few sentences. Each has "
+        "its own static system prompt.",
+    )
+    retrieval_query: RetrievalQueryMode | None = Field(
+        None,
+        description="How a follow-up is retrieved: 'last' (the question alone), 'join' (the "
+        "recent user turns joined) or 'rewrite' (a standalone question by the generator).",
+    )
+    citations: bool | None = Field(
+        None, description="Attribute the answer's sentences to source sentences."
+    )
+
+
+class HistoryTurn(_Strict):
+    role: Literal["user", "assistant"]
+    content: str
 
 
 class RagQueryRequest(RagOptions):
     question: str = Field(..., description="The question to answer from the collection.")
+    history: list[HistoryTurn] = Field(
+        default_factory=list,
+        description="The conversation so far, oldest first: earlier questions and answers, "
+        "text only. The oldest turns are cut to the history token budget.",
+    )
     max_tokens: int | None = Field(None, ge=1, description="Longest answer, in tokens.")
     temperature: float | None = Field(None, ge=0, le=2)
     stream: bool = False
@@ -72,6 +95,8 @@ class Timings(BaseModel):
 
     retrieve: float
     compress: float
+    rewrite: float = 0.0
+    attribute: float = 0.0
     queue: float = 0.0
     network: float = 0.0
     ttft: float
@@ -87,10 +112,34 @@ class CompressionDecisionInfo(BaseModel):
     predicted_cost_ms: float
 
 
+class CitationInfo(BaseModel):
+    """An answer sentence and the source sentence that supports it. Spans are [start, end)
+    character offsets into `answer` and into that source's passage (`context[].text`)."""
+
+    answer_span: tuple[int, int]
+    source_id: str
+    source_span: tuple[int, int]
+    score: float
+
+
+class RetrievalQueryInfo(BaseModel):
+    """What retrieval searched for: `mode` is what was applied."""
+
+    mode: RetrievalQueryMode
+    text: str
+    rewrite_failed: bool = False
+
+
 class RagQueryResponse(BaseModel):
     id: str
     answer: str
     sources: list[Source]
+    citations: list[CitationInfo] | None = Field(
+        None, description="Null when not asked for or when attribution was unavailable."
+    )
+    answer_style: AnswerStyle = "explained"
+    retrieval_query: RetrievalQueryInfo | None = None
+    history_turns_used: int = Field(0, description="Earlier turns that fit the prompt.")
     compression_method: str
     compression_decision: CompressionDecisionInfo | None = None
     degraded: str | None = Field(
@@ -120,7 +169,13 @@ class ChatCompletionRequest(_Strict):
     """The OpenAI chat request, minus what a RAG answer cannot honour (n > 1, tools, ...)."""
 
     model: str
-    messages: list[ChatMessage] = Field(..., min_length=1)
+    messages: list[ChatMessage] = Field(
+        ...,
+        min_length=1,
+        description="The conversation; the last message is the question. System messages "
+        "are ignored: the system prompt is the service's own (it is what the prefix cache "
+        "holds).",
+    )
     max_tokens: int | None = Field(None, ge=1)
     max_completion_tokens: int | None = Field(None, ge=1)
     temperature: float | None = Field(None, ge=0, le=2)

@@ -50,7 +50,7 @@ def build_app(args: dict[str, Any] | None = None) -> Application:
         CompressorDeployment,
         name="Compressor",
         **deployment_options(config.compression.deployment, retry_after_s),
-    ).bind(config.compression, config.generator, config.prompt, config.retriever.index_path)
+    ).bind(config)
     generator = build_generator(config.generator, retry_after_s)
     return serve.deployment(
         RagIngress,

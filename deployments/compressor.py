@@ -1,19 +1,30 @@
 """Compressor deployment: `retrieval.PromptPreparer` with the index's sentence store and
-LLMLingua loaded, the work in a thread."""
+LLMLingua loaded, and `retrieval.Attributor` for the citations; the work in a thread.
+
+Attribution lives here because the index's sentence embeddings do: only the answer's
+sentences are embedded per request.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import time
 
-from app.config import (
-    PROJECT_ROOT,
-    CompressionConfig,
-    GeneratorConfig,
-    PromptConfig,
-    resolve_path,
-)
+from app.config import PROJECT_ROOT, RagAppConfig, resolve_path
 from pipeline.log import get_logger
-from pipeline.messages import CompressionPlan, PreparedPrompt, Retrieval, StageError
+from pipeline.messages import (
+    Attribution,
+    Citation,
+    CompressionPlan,
+    Conversation,
+    PreparedPrompt,
+    PromptSource,
+    Retrieval,
+    StageError,
+    StageTiming,
+)
+from retrieval.attribution import AttributionOptions, Attributor
+from retrieval.embedding import Embedder
 from retrieval.models import resolve_model_reference
 from retrieval.preparation import PromptPreparer, PromptTooLongError
 
@@ -24,42 +35,55 @@ CPU_KV_BLOCK_TOKENS = 128
 
 
 class CompressorDeployment:
-    def __init__(
-        self,
-        compression: CompressionConfig,
-        generator: GeneratorConfig,
-        prompt: PromptConfig,
-        index_path: str,
-    ) -> None:
+    def __init__(self, config: RagAppConfig) -> None:
         import torch
 
+        compression, generator = config.compression, config.generator
         torch.set_num_threads(compression.llmlingua.torch_threads)
         self._preparer = PromptPreparer.load(
             resolve_model_reference(generator.model_source, PROJECT_ROOT),
-            prompt.system_prompt,
+            config.prompt.system_prompts(),
             generator.max_model_len,
-            margin_tokens=prompt.margin_tokens,
-            index_path=resolve_path(index_path),
+            margin_tokens=config.prompt.margin_tokens,
+            index_path=resolve_path(config.retriever.index_path),
             llmlingua=compression.llmlingua.to_load(),
             sentence_prefilter_rate=compression.sentence_prefilter_rate,
             cost_model=compression.cost_model.to_model(),
+            history_max_tokens=config.conversation.history_max_tokens,
         )
-        system_tokens = self._preparer.system_prompt_tokens
-        if system_tokens < CPU_KV_BLOCK_TOKENS:
-            logger.warning(
-                "system prompt is %d tokens, shorter than one %d-token KV block: the prefix "
-                "cache cannot hold it",
-                system_tokens,
-                CPU_KV_BLOCK_TOKENS,
+        self._attributor: Attributor | None = None
+        if config.citations.enabled:
+            embedding = config.retriever.embedding
+            embedder = Embedder.load(
+                resolve_model_reference(embedding.model, PROJECT_ROOT), device=embedding.device
             )
+            options = AttributionOptions(
+                min_score=config.citations.min_score,
+                lexical_weight=config.citations.lexical_weight,
+            )
+            self._attributor = Attributor(embedder.encode, options)
+        for style, tokens in self._preparer.system_prompt_tokens.items():
+            if tokens < CPU_KV_BLOCK_TOKENS:
+                logger.warning(
+                    "the %s system prompt is %d tokens, shorter than one %d-token KV block: "
+                    "the prefix cache cannot hold it",
+                    style,
+                    tokens,
+                    CPU_KV_BLOCK_TOKENS,
+                )
         logger.info(
-            "compressor ready: llmlingua=%s, system prompt %d tokens",
+            "compressor ready: llmlingua=%s, citations=%s, system prompts %s tokens",
             self._preparer.has_chunk_compressor,
-            system_tokens,
+            self._attributor is not None,
+            self._preparer.system_prompt_tokens,
         )
 
     async def prepare(
-        self, question: str, retrieval: Retrieval, plan: CompressionPlan, max_output_tokens: int
+        self,
+        conversation: Conversation,
+        retrieval: Retrieval,
+        plan: CompressionPlan,
+        max_output_tokens: int,
     ) -> PreparedPrompt | StageError:
         """Compressed, budgeted messages for the generator, or the reason there are none."""
         if "llmlingua" in plan.method and not self._preparer.has_chunk_compressor:
@@ -70,12 +94,31 @@ class CompressorDeployment:
             )
         try:
             return await asyncio.to_thread(
-                self._preparer.prepare, question, retrieval, plan, max_output_tokens
+                self._preparer.prepare, conversation, retrieval, plan, max_output_tokens
             )
         except PromptTooLongError as exc:
             return StageError(400, str(exc), param="question", code="context_length_exceeded")
 
+    async def attribute(
+        self, answer: str, sources: tuple[PromptSource, ...]
+    ) -> Attribution | StageError:
+        """Each answer sentence's supporting source sentence, as citations."""
+        if self._attributor is None:
+            return StageError(400, "citations are not enabled on this deployment")
+        started_at_s, started = time.time(), time.perf_counter()
+        citations = await asyncio.to_thread(self._attribute, self._attributor, answer, sources)
+        own_ms = (time.perf_counter() - started) * 1000
+        return Attribution(citations, StageTiming(started_at_s, own_ms))
+
+    def _attribute(
+        self, attributor: Attributor, answer: str, sources: tuple[PromptSource, ...]
+    ) -> tuple[Citation, ...]:
+        # The index's own sentence embeddings: only the answer's sentences are embedded.
+        store = self._preparer.sentence_store
+        known = store.embeddings_of(s.chunk_id for s in sources) if store is not None else None
+        return attributor.attribute(answer, sources, known)
+
     async def check_health(self) -> None:
         """Serve's health check: the models are loaded (nothing that waits on requests)."""
-        if self._preparer.system_prompt_tokens < 1:
+        if min(self._preparer.system_prompt_tokens.values()) < 1:
             raise RuntimeError("the serving tokenizer is not loaded")

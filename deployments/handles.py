@@ -6,7 +6,8 @@ stage `unavailable`. A stage that the ingress's readiness view shows without a r
 replica is not called at all (a call would wait in Serve's queue for a replica to start).
 A retrieval whose replica died is sent once more, within `retry_timeout_s` (it has no side
 effects, and Serve has by then taken the dead replica out of rotation); a preparation is
-not, since the pipeline has a fallback for it; a generation is never repeated. A call
+not, since the pipeline has a fallback for it, and neither is an attribution (the answer
+goes out without citations); a generation is never repeated. A call
 abandoned by its caller (timeout, client gone) is cancelled on its replica.
 """
 
@@ -27,10 +28,13 @@ from ray.serve.handle import (
 
 from pipeline.log import get_logger
 from pipeline.messages import (
+    Attribution,
     CompressionPlan,
+    Conversation,
     GenerationEvent,
     GenerationRequest,
     PreparedPrompt,
+    PromptSource,
     Retrieval,
     StageError,
 )
@@ -72,14 +76,28 @@ class HandleStages:
             raise StageUnavailable("retriever", "unavailable", type(exc).__name__) from None
 
     async def prepare(
-        self, question: str, retrieval: Retrieval, plan: CompressionPlan, max_output_tokens: int
+        self,
+        conversation: Conversation,
+        retrieval: Retrieval,
+        plan: CompressionPlan,
+        max_output_tokens: int,
     ) -> PreparedPrompt | StageError:
         try:
             return await self._call(
                 "compressor",
                 lambda: self.compressor.prepare.remote(
-                    question, retrieval, plan, max_output_tokens
+                    conversation, retrieval, plan, max_output_tokens
                 ),
+            )
+        except _REPLICA_LOST as exc:
+            raise StageUnavailable("compressor", "unavailable", type(exc).__name__) from None
+
+    async def attribute(
+        self, answer: str, sources: tuple[PromptSource, ...]
+    ) -> Attribution | StageError:
+        try:
+            return await self._call(
+                "compressor", lambda: self.compressor.attribute.remote(answer, sources)
             )
         except _REPLICA_LOST as exc:
             raise StageUnavailable("compressor", "unavailable", type(exc).__name__) from None

@@ -3,7 +3,8 @@
 Readiness comes from Serve's own view of the application (how many replicas of each stage
 are running), refreshed in the background, never from calls that queue behind requests.
 The ingress also keeps a prompt preparer of its own, with no compressor, for the requests
-the compressor stage cannot take: the uncompressed context cut to the token budget.
+the compressor stage cannot take (the uncompressed context cut to the token budget) and to
+cut a conversation's history before a rewrite.
 """
 
 from __future__ import annotations
@@ -50,9 +51,10 @@ class RagIngress:
         settings = load_settings()
         fallback = PromptPreparer.load(
             resolve_model_reference(config.generator.model_source, PROJECT_ROOT),
-            config.prompt.system_prompt,
+            config.prompt.system_prompts(),
             config.generator.max_model_len,
             margin_tokens=config.prompt.margin_tokens,
+            history_max_tokens=config.conversation.history_max_tokens,
         )
         readiness = ReadinessMonitor(
             _running_replicas,
@@ -72,6 +74,8 @@ class RagIngress:
             fallback=fallback,
             compressor_timeout_s=config.compression.timeout_s,
             metrics=PipelineMetrics(),
+            conversation=config.conversation.to_settings(),
+            attribution_timeout_s=config.citations.timeout_s,
         )
         limit = config.ingress.rate_limit
         self._state = ApiState(

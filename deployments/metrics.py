@@ -52,12 +52,16 @@ class PipelineMetrics:
         for stage, value in (
             ("retrieve", result.retrieve.own_ms),
             ("compress", result.prepare.own_ms),
-            ("queue", result.retrieve.queue_ms + result.prepare.queue_ms),
-            ("network", result.retrieve.network_ms + result.prepare.network_ms),
+            ("queue", result.queue_ms),
+            ("network", result.network_ms),
             ("ttft", result.ttft_ms),
             ("total", result.total_ms),
         ):
             self._stage_ms.observe(value, tags={"stage": stage})
+        if result.rewrite_ms:
+            self._stage_ms.observe(result.rewrite_ms, tags={"stage": "rewrite"})
+        if result.attribute is not None:
+            self._stage_ms.observe(result.attribute_ms, tags={"stage": "attribute"})
         if result.tpot_ms is not None:
             self._tpot_ms.observe(result.tpot_ms)
         prepared = result.prepared

@@ -28,6 +28,14 @@ COMPRESSION_METHODS: tuple[CompressionMethod, ...] = (
 )
 CompressionPolicy = Literal["always", "auto"]
 COMPRESSION_POLICIES: tuple[CompressionPolicy, ...] = ("always", "auto")
+# short: the answer span only; explained: a few sentences. Each has its own static system
+# prompt, so both are held by the prefix cache.
+AnswerStyle = Literal["short", "explained"]
+ANSWER_STYLES: tuple[AnswerStyle, ...] = ("short", "explained")
+# How a follow-up becomes the text retrieval searches for: the last user message alone,
+# the recent user turns joined, or a standalone question rewritten by the generator.
+RetrievalQueryMode = Literal["last", "join", "rewrite"]
+RETRIEVAL_QUERY_MODES: tuple[RetrievalQueryMode, ...] = ("last", "join", "rewrite")
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,6 +47,24 @@ class StageError:
     type: str = "invalid_request_error"
     param: str | None = None
     code: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Turn:
+    """One earlier message of the conversation, text only."""
+
+    role: Literal["user", "assistant"]
+    content: str
+
+
+@dataclass(frozen=True)
+class Conversation:
+    """What the prompt is built from besides the sources: the current question, the earlier
+    turns (oldest first) and the answer style, which picks the static system prompt."""
+
+    question: str
+    history: tuple[Turn, ...] = ()
+    answer_style: AnswerStyle = "explained"
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,6 +138,40 @@ class PromptSource:
     score: float
 
 
+@dataclass(frozen=True, slots=True)
+class Citation:
+    """One answer sentence attributed to the source sentence that supports it.
+
+    Offsets are character offsets, end exclusive: `answer_*` into the (cleaned) answer,
+    `source_*` into the source's text as the model saw it (`PromptSource.text`).
+    """
+
+    answer_start: int
+    answer_end: int
+    source_id: str
+    source_start: int
+    source_end: int
+    score: float
+
+
+@dataclass(frozen=True, slots=True)
+class Attribution:
+    """The compressor's citations for one answer, and when and how long it took."""
+
+    citations: tuple[Citation, ...]
+    timing: StageTiming
+
+
+@dataclass(frozen=True, slots=True)
+class RetrievalQuery:
+    """What retrieval searched for: `mode` is what was applied ("last" without history;
+    "join" also when a rewrite was asked but failed, which `rewrite_failed` says)."""
+
+    mode: RetrievalQueryMode
+    text: str
+    rewrite_failed: bool = False
+
+
 @dataclass(frozen=True)
 class PreparedPrompt:
     """The generator's input and what compression and the token budget did to get there.
@@ -130,6 +190,8 @@ class PreparedPrompt:
     timing: StageTiming
     decision: CompressionDecision | None = None
     degraded: str | None = None
+    # Earlier turns that made it into the prompt (the oldest are cut to the history budget).
+    history_turns: int = 0
 
 
 @dataclass(frozen=True, slots=True)

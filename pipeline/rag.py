@@ -1,11 +1,16 @@
-"""The request path, stage by stage: retrieve -> prepare (compress and fit) -> generate.
+"""The request path, stage by stage: (rewrite) -> retrieve -> prepare (compress and fit)
+-> generate -> attribute.
 
 Plain asyncio over the `Stages` protocol. Before the first token a failure is raised
 (`RequestRefused`, `StageUnavailable`), so the HTTP layer still chooses the status; after it,
 a failure arrives as a `FailedEvent` at the end of the stream. When the compressor cannot
 answer (at capacity, dead, too slow, broken) the request goes on with the uncompressed
 context cut to the token budget, built here by the fallback preparer, and says so in
-`PreparedPrompt.degraded`.
+`PreparedPrompt.degraded`. A follow-up is retrieved by a standalone question (the recent
+user turns joined, or a rewrite by the generator). The answer's text is cleaned of invalid
+citation markers and leaked source tags as it streams; once it is complete, the compressor
+attributes its sentences to source sentences. Citations are an extra: when attribution
+fails or is slow, the answer goes out without them.
 """
 
 from __future__ import annotations
@@ -17,19 +22,33 @@ from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Protocol, TypeVar
 
+from pipeline.answer_text import AnswerStreamCleaner
+from pipeline.conversation import (
+    ConversationSettings,
+    join_question,
+    read_rewrite,
+    rewrite_messages,
+)
 from pipeline.log import get_logger
 from pipeline.messages import (
+    AnswerStyle,
+    Attribution,
+    Citation,
     CompressionPlan,
+    Conversation,
     ErrorEvent,
     FinishEvent,
     GenerationEvent,
     GenerationRequest,
     PreparedPrompt,
     Retrieval,
+    RetrievalQuery,
+    RetrievalQueryMode,
     StageError,
     StageTiming,
     TokenEvent,
     TokenUsage,
+    Turn,
 )
 from pipeline.stages import FallbackPreparer, Stages, StageUnavailable
 
@@ -59,6 +78,10 @@ class RagQuery:
     temperature: float
     request_id: str
     include_context: bool = False
+    history: tuple[Turn, ...] = ()
+    retrieval_query: RetrievalQueryMode = "join"
+    answer_style: AnswerStyle = "explained"
+    citations: bool = True
     received_at: float = field(default_factory=time.perf_counter)
 
 
@@ -95,18 +118,45 @@ class RagResult:
     retrieve: HopTiming
     prepare: HopTiming
     ttft_ms: float
+    # From arrival to the last token; `total_ms` also counts the attribution after it.
+    generated_ms: float
     total_ms: float
     include_context: bool
+    retrieval_query: RetrievalQuery
+    answer_style: AnswerStyle = "explained"
+    rewrite_ms: float = 0.0
+    # None: not asked for, or attribution failed (the answer goes out without citations).
+    citations: tuple[Citation, ...] | None = None
+    attribute: HopTiming | None = None
 
     @property
     def tpot_ms(self) -> float | None:
         """Mean time per output token after the first, as `vllm bench serve` defines it."""
-        return tpot_ms(self.total_ms, self.ttft_ms, self.usage.completion_tokens)
+        return tpot_ms(self.generated_ms, self.ttft_ms, self.usage.completion_tokens)
+
+    @property
+    def attribute_ms(self) -> float:
+        return self.attribute.own_ms if self.attribute is not None else 0.0
+
+    @property
+    def queue_ms(self) -> float:
+        """Time the stage calls waited before their stage began them, all hops together."""
+        return sum(hop.queue_ms for hop in self._hops())
+
+    @property
+    def network_ms(self) -> float:
+        """The rest of the stage calls' round trips (transport), all hops together."""
+        return sum(hop.network_ms for hop in self._hops())
+
+    def _hops(self) -> list[HopTiming]:
+        hops = [self.retrieve, self.prepare]
+        return hops if self.attribute is None else [*hops, self.attribute]
 
 
 @dataclass(frozen=True, slots=True)
 class SourcesEvent:
     prepared: PreparedPrompt
+    retrieval_query: RetrievalQuery
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,21 +181,27 @@ class RagPipeline:
         fallback: FallbackPreparer | None = None,
         compressor_timeout_s: float | None = None,
         metrics: MetricsSink | None = None,
+        conversation: ConversationSettings | None = None,
+        attribution_timeout_s: float | None = 2.0,
     ) -> None:
         self._stages = stages
         self._fallback = fallback
         self._compressor_timeout_s = compressor_timeout_s
         self._metrics = metrics
+        self._conversation = conversation or ConversationSettings()
+        self._attribution_timeout_s = attribution_timeout_s
 
     async def run(self, query: RagQuery) -> AsyncGenerator[PipelineEvent, None]:
         """Yield a SourcesEvent, TokenEvents, then a DoneEvent (or a FailedEvent)."""
-        retrieval, retrieve_hop = await self._retrieve(query)
+        search, rewrite_ms = await self._retrieval_query(query)
+        retrieval, retrieve_hop = await self._retrieve(query, search.text)
         prepared, prepare_hop = await self._prepare(query, retrieval)
-        yield SourcesEvent(prepared)
+        yield SourcesEvent(prepared, search)
 
         pieces: list[str] = []
         first_token_at: float | None = None
         finish: FinishEvent | None = None
+        cleaner = AnswerStreamCleaner([source.chunk_id for source in prepared.sources])
         request = GenerationRequest(
             prepared.messages, query.max_tokens, query.temperature, query.request_id
         )
@@ -159,40 +215,62 @@ class RagPipeline:
                     # the proxy, the client) are paid per batch, not per token.
                     for event in _merged(batch):
                         if isinstance(event, TokenEvent):
-                            first_token_at = first_token_at or time.perf_counter()
-                            pieces.append(event.text)
-                            yield event
+                            # What the cleaner holds back (a marker not yet complete) goes
+                            # out with later text; the first token is the first text sent.
+                            if text := cleaner.feed(event.text):
+                                first_token_at = first_token_at or time.perf_counter()
+                                pieces.append(text)
+                                yield TokenEvent(text)
                         elif isinstance(event, FinishEvent):
                             finish = event
                         elif isinstance(event, ErrorEvent):
                             if first_token_at is None:
                                 raise _refusal(event.error)
+                            if rest := cleaner.finish():  # held text goes out first
+                                yield TokenEvent(rest)
                             yield FailedEvent(_public(event.error))
                             return
         except StageUnavailable as exc:
             if first_token_at is None:
                 raise
+            if rest := cleaner.finish():
+                yield TokenEvent(rest)
             yield FailedEvent(_interrupted(exc))
             return
         if finish is None:
             error = StageError(502, "the generator ended the stream early", "server_error")
             if first_token_at is None:
                 raise RequestRefused(error)
+            if rest := cleaner.finish():
+                yield TokenEvent(rest)
             yield FailedEvent(error)
             return
+        if rest := cleaner.finish():
+            first_token_at = first_token_at or time.perf_counter()
+            pieces.append(rest)
+            yield TokenEvent(rest)
+        generated_at = time.perf_counter()
+        answer = "".join(pieces)
+        citations, attribute_hop = await self._attribute(query, answer, prepared)
         finished_at = time.perf_counter()
         result = RagResult(
             request_id=query.request_id,
             requested_method=query.plan.method,
-            answer="".join(pieces),
+            answer=answer,
             prepared=prepared,
             finish_reason=finish.reason,
             usage=finish.usage,
             retrieve=retrieve_hop,
             prepare=prepare_hop,
-            ttft_ms=_ms(query.received_at, first_token_at or finished_at),
+            ttft_ms=_ms(query.received_at, first_token_at or generated_at),
+            generated_ms=_ms(query.received_at, generated_at),
             total_ms=_ms(query.received_at, finished_at),
             include_context=query.include_context,
+            retrieval_query=search,
+            answer_style=query.answer_style,
+            rewrite_ms=rewrite_ms,
+            citations=citations,
+            attribute=attribute_hop,
         )
         if self._metrics is not None:
             try:
@@ -201,9 +279,76 @@ class RagPipeline:
                 logger.exception("recording metrics failed (request %s)", query.request_id)
         yield DoneEvent(result)
 
-    async def _retrieve(self, query: RagQuery) -> tuple[Retrieval, HopTiming]:
+    async def _retrieval_query(self, query: RagQuery) -> tuple[RetrievalQuery, float]:
+        """What to search for, and the milliseconds a rewrite took (0 without one). A
+        rewrite that fails, times out or comes back unusable falls back to the join."""
+        if not query.history or query.retrieval_query == "last":
+            return RetrievalQuery("last", query.question), 0.0
+        settings = self._conversation
+        history = self._fit_history(query.history)
+        joined = join_question(history, query.question, settings.join_user_turns)
+        if query.retrieval_query == "join":
+            return RetrievalQuery("join", joined), 0.0
+        started = time.perf_counter()
+        request = GenerationRequest(
+            rewrite_messages(settings.rewrite_system_prompt, history, query.question),
+            settings.rewrite_max_tokens,
+            0.0,
+            f"{query.request_id}-rewrite",
+        )
+        try:
+            async with asyncio.timeout(settings.rewrite_timeout_s):
+                reply = await self._generated_text(request)
+        except (StageUnavailable, TimeoutError) as exc:
+            logger.warning("rewrite failed (%s): joined turns (request %s)", exc, query.request_id)
+            reply = None
+        rewrite_ms = _ms(started, time.perf_counter())
+        rewritten = read_rewrite(reply, query.question) if reply else None
+        if rewritten is None:
+            return RetrievalQuery("join", joined, rewrite_failed=True), rewrite_ms
+        return RetrievalQuery("rewrite", rewritten), rewrite_ms
+
+    def _fit_history(self, history: tuple[Turn, ...]) -> tuple[Turn, ...]:
+        return self._fallback.fit_history(history) if self._fallback is not None else history
+
+    async def _generated_text(self, request: GenerationRequest) -> str | None:
+        """The whole text of one generation, or None when the generator refused it."""
+        pieces: list[str] = []
+        async with contextlib.aclosing(self._stages.generate(request)) as stream:
+            async for batch in stream:
+                for event in batch:
+                    if isinstance(event, TokenEvent):
+                        pieces.append(event.text)
+                    elif isinstance(event, ErrorEvent):
+                        return None
+        return "".join(pieces)
+
+    async def _attribute(
+        self, query: RagQuery, answer: str, prepared: PreparedPrompt
+    ) -> tuple[tuple[Citation, ...] | None, HopTiming | None]:
+        if not query.citations:
+            return None, None
+        if not answer.strip() or not prepared.sources:
+            return (), None
         called_at_s, started = time.time(), time.perf_counter()
-        retrieval = _unwrap(await self._stages.retrieve(query.question, query.top_k))
+        try:
+            async with asyncio.timeout(self._attribution_timeout_s):
+                attribution = await self._stages.attribute(answer, prepared.sources)
+        except (StageUnavailable, TimeoutError) as exc:
+            logger.warning("no citations (%s) (request %s)", exc, query.request_id)
+            return None, None
+        except Exception:
+            logger.exception("attribution failed (request %s)", query.request_id)
+            return None, None
+        if not isinstance(attribution, Attribution):
+            logger.warning("no citations: %s (request %s)", attribution.message, query.request_id)
+            return None, None
+        hop = HopTiming.of(attribution.timing, called_at_s, _ms(started, time.perf_counter()))
+        return attribution.citations, hop
+
+    async def _retrieve(self, query: RagQuery, search_text: str) -> tuple[Retrieval, HopTiming]:
+        called_at_s, started = time.time(), time.perf_counter()
+        retrieval = _unwrap(await self._stages.retrieve(search_text, query.top_k))
         hop = HopTiming.of(retrieval.timing, called_at_s, _ms(started, time.perf_counter()))
         return retrieval, hop
 
@@ -211,10 +356,11 @@ class RagPipeline:
         self, query: RagQuery, retrieval: Retrieval
     ) -> tuple[PreparedPrompt, HopTiming]:
         called_at_s, started = time.time(), time.perf_counter()
+        conversation = Conversation(query.question, query.history, query.answer_style)
         try:
             async with asyncio.timeout(self._compressor_timeout_s):
                 answer = await self._stages.prepare(
-                    query.question, retrieval, query.plan, query.max_tokens
+                    conversation, retrieval, query.plan, query.max_tokens
                 )
         except StageUnavailable as exc:
             degraded = f"compressor_{exc.kind}"
@@ -233,7 +379,7 @@ class RagPipeline:
         try:
             prepared = await asyncio.to_thread(
                 self._fallback.prepare,
-                query.question,
+                conversation,
                 retrieval,
                 replace(query.plan, method="none"),
                 query.max_tokens,

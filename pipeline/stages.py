@@ -11,12 +11,16 @@ from collections.abc import AsyncGenerator, Sequence
 from typing import Literal, Protocol
 
 from pipeline.messages import (
+    Attribution,
     CompressionPlan,
+    Conversation,
     GenerationEvent,
     GenerationRequest,
     PreparedPrompt,
+    PromptSource,
     Retrieval,
     StageError,
+    Turn,
 )
 
 StageName = Literal["retriever", "compressor", "generator"]
@@ -41,8 +45,18 @@ class Stages(Protocol):
     async def retrieve(self, question: str, top_k: int) -> Retrieval | StageError: ...
 
     async def prepare(
-        self, question: str, retrieval: Retrieval, plan: CompressionPlan, max_output_tokens: int
+        self,
+        conversation: Conversation,
+        retrieval: Retrieval,
+        plan: CompressionPlan,
+        max_output_tokens: int,
     ) -> PreparedPrompt | StageError: ...
+
+    async def attribute(
+        self, answer: str, sources: tuple[PromptSource, ...]
+    ) -> Attribution | StageError:
+        """Citations: each answer sentence and the source sentence that supports it."""
+        ...
 
     def generate(
         self, request: GenerationRequest
@@ -52,11 +66,14 @@ class Stages(Protocol):
 
 
 class FallbackPreparer(Protocol):
-    """Builds the uncompressed, budgeted prompt when the compressor stage cannot."""
+    """Builds the uncompressed, budgeted prompt when the compressor stage cannot, and cuts
+    a conversation's history to its token budget."""
+
+    def fit_history(self, history: Sequence[Turn]) -> tuple[Turn, ...]: ...
 
     def prepare(
         self,
-        question: str,
+        conversation: Conversation,
         retrieval: Retrieval,
         plan: CompressionPlan,
         max_output_tokens: int,

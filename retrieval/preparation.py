@@ -8,15 +8,19 @@ budget), and tests and benchmarks construct it directly.
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from pipeline.messages import (
+    AnswerStyle,
     CompressionDecision,
     CompressionPlan,
+    Conversation,
     PreparedPrompt,
     Retrieval,
     StageTiming,
+    Turn,
 )
 from retrieval.budget import context_budget_tokens, fit_to_budget
 from retrieval.compression import ChunkCompressor, compress_chunks, count_context_tokens
@@ -26,6 +30,10 @@ from retrieval.llmlingua_compressor import LLMLinguaCompressor, LLMLinguaOptions
 from retrieval.prompt import build_messages, neutralize
 from retrieval.sentence_store import SentenceStore
 from retrieval.tokens import ServingTokenizer
+
+# What a chat template adds around one message's text (role markers, separators): counted per
+# history turn against the history budget, so the budget holds under the real template.
+_MESSAGE_OVERHEAD_TOKENS = 5
 
 
 class PromptTooLongError(ValueError):
@@ -49,33 +57,36 @@ class PromptPreparer:
     def __init__(
         self,
         tokenizer: ServingTokenizer,
-        system_prompt: str,
+        system_prompts: Mapping[AnswerStyle, str],
         max_model_len: int,
         margin_tokens: int = 16,
         chunk_compressor: ChunkCompressor | None = None,
         sentence_prefilter_rate: float = 0.5,
         cost_model: CompressionCostModel | None = None,
         sentence_store: SentenceStore | None = None,
+        history_max_tokens: int = 512,
     ) -> None:
         self._tokenizer = tokenizer
-        self._system_prompt = system_prompt
+        self._system_prompts = dict(system_prompts)
         self._max_model_len = max_model_len
         self._margin_tokens = margin_tokens
         self._chunk_compressor = chunk_compressor
         self._sentence_prefilter_rate = sentence_prefilter_rate
         self._cost_model = cost_model
         self._sentence_store = sentence_store
+        self._history_max_tokens = history_max_tokens
         self._reserved = tokenizer.reserved_strings()
-        # The system prompt never changes: count it once.
-        self.system_prompt_tokens = tokenizer.count_chat(
-            [{"role": "system", "content": system_prompt}]
-        )
+        # The system prompts never change: count them once.
+        self.system_prompt_tokens = {
+            style: tokenizer.count_chat([{"role": "system", "content": prompt}])
+            for style, prompt in self._system_prompts.items()
+        }
 
     @classmethod
     def load(
         cls,
         tokenizer_path: str,
-        system_prompt: str,
+        system_prompts: Mapping[AnswerStyle, str],
         max_model_len: int,
         *,
         margin_tokens: int = 16,
@@ -83,6 +94,7 @@ class PromptPreparer:
         llmlingua: LLMLinguaLoad | None = None,
         sentence_prefilter_rate: float = 0.5,
         cost_model: CompressionCostModel | None = None,
+        history_max_tokens: int = 512,
     ) -> PromptPreparer:
         """Load what preparation needs: the serving tokenizer, the index's sentence store
         (for sentence selection) and LLMLingua's scorer, each only when given."""
@@ -97,35 +109,60 @@ class PromptPreparer:
             )
         return cls(
             ServingTokenizer.load(tokenizer_path),
-            system_prompt,
+            system_prompts,
             max_model_len,
             margin_tokens,
             compressor,
             sentence_prefilter_rate,
             cost_model,
             SentenceStore.load(index_path) if index_path is not None else None,
+            history_max_tokens,
         )
+
+    @property
+    def sentence_store(self) -> SentenceStore | None:
+        return self._sentence_store
 
     @property
     def has_chunk_compressor(self) -> bool:
         return self._chunk_compressor is not None
 
+    def fit_history(self, history: Sequence[Turn]) -> tuple[Turn, ...]:
+        """The newest turns of `history` that fit the history token budget, oldest first,
+        starting with a user turn, their text cleared of the tokenizer's control strings."""
+        kept: list[Turn] = []
+        used = 0
+        for turn in reversed(history):
+            content = neutralize(turn.content, self._reserved).strip()
+            tokens = self._tokenizer.count(content) + _MESSAGE_OVERHEAD_TOKENS
+            if used + tokens > self._history_max_tokens:
+                break
+            kept.append(Turn(turn.role, content))
+            used += tokens
+        kept.reverse()
+        while kept and kept[0].role != "user":
+            kept.pop(0)
+        return tuple(kept)
+
     def prepare(
         self,
-        question: str,
+        conversation: Conversation,
         retrieval: Retrieval,
         plan: CompressionPlan,
         max_output_tokens: int,
         degraded: str | None = None,
     ) -> PreparedPrompt:
-        """Compress the context per `plan`, cut it to the token budget, build the messages.
+        """Compress the context per `plan`, cut it (and the history) to the token budget,
+        build the messages in the answer style's layout.
 
         A plan this preparer cannot follow (no sentence store for this index, no LLMLingua)
         falls back to the uncompressed context and says why in `degraded`. Raises
-        PromptTooLongError when even an empty context does not fit.
+        PromptTooLongError when even an empty context and no history do not fit.
         """
         started_at_s, started = time.time(), time.perf_counter()
-        question = neutralize(question, self._reserved).strip()
+        question = neutralize(conversation.question, self._reserved).strip()
+        system_prompt = self._system_prompts[conversation.answer_style]
+        history = self.fit_history(conversation.history)
         chunks, no_sentences = self._context_chunks(retrieval)
         if "sentences" not in plan.method:
             no_sentences = None  # LLMLingua alone needs no sentence embeddings
@@ -133,10 +170,16 @@ class PromptPreparer:
             plan, degraded = replace(plan, method="none"), degraded or reason
         count = self._tokenizer.count
         tokens_before = count_context_tokens(chunks, count)
-        fixed_tokens = self._tokenizer.count_chat(build_messages(self._system_prompt, [], question))
-        budget = context_budget_tokens(
-            self._max_model_len, max_output_tokens, fixed_tokens, self._margin_tokens
-        )
+        while True:
+            fixed_tokens = self._tokenizer.count_chat(
+                build_messages(system_prompt, [], question, history)
+            )
+            budget = context_budget_tokens(
+                self._max_model_len, max_output_tokens, fixed_tokens, self._margin_tokens
+            )
+            if budget > 0 or not history:
+                break
+            history = _without_oldest_exchange(history)
         if budget <= 0:
             raise PromptTooLongError(
                 f"the question ({fixed_tokens} prompt tokens with the system prompt) and "
@@ -145,7 +188,13 @@ class PromptPreparer:
             )
         decision = None
         if plan.policy == "auto" and plan.method != "none":
-            decision = self._decide(plan, tokens_before, len(chunks), budget, fixed_tokens)
+            decision = self._decide(
+                plan,
+                tokens_before,
+                len(chunks),
+                budget,
+                fixed_tokens - self.system_prompt_tokens[conversation.answer_style],
+            )
             if not decision.compress:
                 plan = replace(plan, method="none")
 
@@ -162,7 +211,7 @@ class PromptPreparer:
         compress_ms = (time.perf_counter() - compress_started) * 1000
         kept, truncated = fit_to_budget(compressed, count, budget)
         return PreparedPrompt(
-            messages=build_messages(self._system_prompt, kept, question),
+            messages=build_messages(system_prompt, kept, question, history),
             sources=tuple(chunk.as_source() for chunk in kept),
             method=plan.method,
             context_tokens_before=tokens_before,
@@ -172,6 +221,7 @@ class PromptPreparer:
             timing=StageTiming(started_at_s, (time.perf_counter() - started) * 1000),
             decision=decision,
             degraded=degraded,
+            history_turns=len(history),
         )
 
     def _context_chunks(self, retrieval: Retrieval) -> tuple[list[ContextChunk], str | None]:
@@ -200,7 +250,7 @@ class PromptPreparer:
         tokens_before: int,
         chunks: int,
         budget: int,
-        fixed_tokens: int,
+        uncached_fixed_tokens: int,
     ) -> CompressionDecision:
         """The cost model's verdict on `plan`, for what would actually be sent: both sides
         are cut to the context budget, and the cached system prompt is not prefilled."""
@@ -211,7 +261,7 @@ class PromptPreparer:
             tokens_before=min(tokens_before, budget),
             tokens_after=min(plan.target_for(tokens_before), budget),
             chunks=chunks,
-            other_uncached_tokens=max(0, fixed_tokens - self.system_prompt_tokens),
+            other_uncached_tokens=max(0, uncached_fixed_tokens),
             prefilter_rate=self._sentence_prefilter_rate,
         )
 
@@ -223,3 +273,11 @@ class PromptPreparer:
             text=neutralize(chunk.text, self._reserved),
             sentences=tuple(neutralize(s, self._reserved) for s in chunk.sentences),
         )
+
+
+def _without_oldest_exchange(history: tuple[Turn, ...]) -> tuple[Turn, ...]:
+    """`history` less its oldest turn, and any assistant turn that would then lead."""
+    rest = list(history[1:])
+    while rest and rest[0].role != "user":
+        rest.pop(0)
+    return tuple(rest)

@@ -196,6 +196,109 @@ def test_openai_client_non_streaming_and_streaming(service):
     assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens >= 1
 
 
+FIRST_TURN = "What is continuous batching?"
+FOLLOW_UP = "How does it differ from static batching?"
+
+
+def test_a_follow_up_uses_the_conversation_and_keeps_the_system_prompt_cached(client):
+    first = ask(client, question=FIRST_TURN, max_tokens=24)
+    history = [
+        {"role": "user", "content": FIRST_TURN},
+        {"role": "assistant", "content": first["answer"]},
+    ]
+    follow = ask(client, question=FOLLOW_UP, history=history, max_tokens=24)
+
+    assert follow["answer"].strip()
+    assert follow["history_turns_used"] == 2
+    assert follow["retrieval_query"]["mode"] == "join"
+    assert follow["retrieval_query"]["text"] == f"{FIRST_TURN} {FOLLOW_UP}"
+    # The static system prompt opens every turn's prompt, so its blocks are hit each time.
+    assert first["usage"]["cached_prompt_tokens"] >= 128
+    assert follow["usage"]["cached_prompt_tokens"] >= 128
+    # The earlier turn is in the prompt: it is longer than the same question asked alone.
+    alone = ask(client, question=FOLLOW_UP, max_tokens=1, retrieval_query="join")
+    assert follow["usage"]["prompt_tokens"] > alone["usage"]["prompt_tokens"]
+
+
+def test_a_rewritten_follow_up_is_retrieved_by_the_generators_question(client):
+    history = [
+        {"role": "user", "content": "What does AWQ quantize?"},
+        {"role": "assistant", "content": "The weights, to 4 bits."},
+    ]
+    body = ask(
+        client, question="Does it need calibration data?", history=history,
+        retrieval_query="rewrite", max_tokens=8,
+    )  # fmt: skip
+
+    query = body["retrieval_query"]
+    assert body["timings_ms"]["rewrite"] > 0
+    # A reply that is no question (a small model's risk) falls back to the join, and says so.
+    assert (query["mode"], query["rewrite_failed"]) in (("rewrite", False), ("join", True))
+    assert query["text"].strip()
+
+
+def test_citations_point_into_the_answer_and_into_sources_the_model_saw(client, chunk_ids):
+    body = ask(client, max_tokens=48, include_context=True, answer_style="explained")
+
+    citations = body["citations"]
+    assert citations is not None, "attribution was unavailable"
+    passages = {p["id"]: p["text"] for p in body["context"]}
+    assert citations, f"no citation for {body['answer']!r}"
+    for citation in citations:
+        assert citation["source_id"] in passages
+        start, end = citation["answer_span"]
+        assert 0 <= start < end <= len(body["answer"])
+        start, end = citation["source_span"]
+        assert 0 <= start < end <= len(passages[citation["source_id"]])
+        assert 0 < citation["score"] <= 1
+    assert body["timings_ms"]["attribute"] > 0
+    assert "<source" not in body["answer"]
+
+
+def test_the_short_style_answers_with_a_span(client):
+    first = ask(client, question="What does AWQ quantize?", answer_style="short", max_tokens=48)
+    other = ask(client, question="What is speculative decoding?", answer_style="short")
+    assert first["answer_style"] == other["answer_style"] == "short"
+    assert first["answer"].strip() and other["answer"].strip()
+    # Its own static prompt is cached too: the second question of the style hits it.
+    assert other["usage"]["cached_prompt_tokens"] >= 128
+
+
+def test_openai_client_multi_turn_conversation(service):
+    client = openai.OpenAI(base_url=f"{service.base_url}/v1", api_key=service.api_key)
+    model = service.config["generator"]["model_id"]
+    messages = [
+        {"role": "system", "content": "Answer like a pirate."},
+        {"role": "user", "content": FIRST_TURN},
+    ]
+    first = client.chat.completions.create(model=model, messages=messages, max_tokens=24)
+    messages += [
+        {"role": "assistant", "content": first.choices[0].message.content},
+        {"role": "user", "content": FOLLOW_UP},
+    ]
+
+    follow = client.chat.completions.create(model=model, messages=messages, max_tokens=24)
+
+    rag = follow.model_extra["rag"]
+    assert follow.choices[0].message.content
+    assert rag["ignored_system_messages"] == 1
+    assert rag["history_turns_used"] == 2
+    assert follow.usage.prompt_tokens_details.cached_tokens >= 128
+
+
+@pytest.mark.parametrize(
+    ("history", "param"),
+    [
+        ([{"role": "user", "content": "x"}] * 40, "history"),
+        ([{"role": "user", "content": "x" * 9000}], "history.0.content"),
+        ([{"role": "system", "content": "obey"}], "history.0.role"),
+    ],
+)
+def test_bad_history_gets_a_400_naming_the_field(client, history, param):
+    response = client.post("/v1/rag/query", json={"question": QUESTION, "history": history})
+    assert_error(response, 400, param)
+
+
 @pytest.mark.parametrize(
     ("body", "param"),
     [

@@ -18,8 +18,11 @@ from app.config import RagAppConfig
 from app.readiness import ReadinessMonitor
 from app.settings import Settings
 from pipeline.messages import (
+    Attribution,
+    Citation,
     CompressionDecision,
     CompressionPlan,
+    Conversation,
     FinishEvent,
     GenerationRequest,
     PreparedPrompt,
@@ -63,7 +66,9 @@ class FakeStages:
     prepare_result: PreparedPrompt | StageError | Exception | None = None
     events: tuple[Any, ...] = DEFAULT_EVENTS
     decision: CompressionDecision | None = None
+    attribute_result: Attribution | StageError | Exception | None = None
     calls: list[tuple[str, tuple]] = field(default_factory=list)
+    conversations: list[Conversation] = field(default_factory=list)
 
     async def retrieve(self, question: str, top_k: int) -> Retrieval | StageError:
         self.calls.append(("retrieve", (question, top_k)))
@@ -72,9 +77,15 @@ class FakeStages:
         return self.retrieve_result or retrieval_of()
 
     async def prepare(
-        self, question: str, retrieval: Retrieval, plan: CompressionPlan, max_output_tokens: int
+        self,
+        conversation: Conversation,
+        retrieval: Retrieval,
+        plan: CompressionPlan,
+        max_output_tokens: int,
     ) -> PreparedPrompt | StageError:
+        question = conversation.question
         self.calls.append(("prepare", (question, plan, max_output_tokens)))
+        self.conversations.append(conversation)
         if isinstance(self.prepare_result, Exception):
             raise self.prepare_result
         if self.prepare_result is not None:
@@ -83,7 +94,7 @@ class FakeStages:
             PromptSource(c.chunk_id, c.doc_id, c.title, c.text, c.score) for c in retrieval.chunks
         )
         return PreparedPrompt(
-            messages=build_messages("system", sources, question),
+            messages=build_messages("system", sources, question, conversation.history),
             sources=sources,
             method=plan.method,
             context_tokens_before=40,
@@ -92,7 +103,21 @@ class FakeStages:
             truncated=False,
             timing=StageTiming(0.0, 0.4),
             decision=self.decision,
+            history_turns=len(conversation.history),
         )
+
+    async def attribute(
+        self, answer: str, sources: tuple[PromptSource, ...]
+    ) -> Attribution | StageError:
+        self.calls.append(("attribute", (answer, tuple(s.chunk_id for s in sources))))
+        if isinstance(self.attribute_result, Exception):
+            raise self.attribute_result
+        if self.attribute_result is not None:
+            return self.attribute_result
+        # The whole answer supported by the first source's first sentence.
+        first = sources[0]
+        citation = Citation(0, len(answer), first.chunk_id, 0, len(first.text), 0.8)
+        return Attribution((citation,), StageTiming(0.0, 1.2))
 
     async def generate(self, request: GenerationRequest) -> AsyncIterator[list[Any]]:
         self.calls.append(("generate", (request.messages, request.max_tokens, request.temperature)))

@@ -157,13 +157,17 @@ def test_retriever_unavailable_is_503_and_compressor_unavailable_degrades(stage)
         def __init__(self) -> None:
             self.calls: list[tuple] = []
 
+        def fit_history(self, history):
+            return tuple(history)
+
         def prepare(
-            self, question, retrieval: Retrieval, plan: CompressionPlan, max_tokens, degraded
+            self, conversation, retrieval: Retrieval, plan: CompressionPlan, max_tokens, degraded
         ):
             self.calls.append((plan.method, degraded))
             source = PromptSource("kv#0", "kv", "KV", "full text", 0.9)
             return PreparedPrompt(
-                [{"role": "user", "content": question}], (source,), plan.method, 40, 40, 0.0,
+                [{"role": "user", "content": conversation.question}], (source,), plan.method,
+                40, 40, 0.0,
                 False, StageTiming(0.0, 2.0), degraded=degraded,
             )  # fmt: skip
 

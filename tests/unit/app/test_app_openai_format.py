@@ -10,9 +10,9 @@ import json
 import openai
 import pytest
 
-from app.openai_format import question_of
+from app.openai_format import conversation_of
 from app.schemas import ChatCompletionRequest
-from pipeline.messages import ErrorEvent, StageError, TokenEvent
+from pipeline.messages import ErrorEvent, StageError, TokenEvent, Turn
 
 MODEL = "smollm2-135m-instruct"
 ANSWER = "Paged attention stores KV in blocks [kv#0]."
@@ -93,8 +93,10 @@ def test_completion_answers_the_last_user_message_with_sources_and_cached_tokens
     assert [s["id"] for s in body["sources"]] == ["kv#0", "batching#2"]
     assert body["rag"]["compression_method"] == "sentences"
     assert body["rag"]["tpot_ms"] is not None
-    # Only the last user message is the question; the service's own system prompt is used.
-    assert stages.called("retrieve") == [("How is KV stored?", 2)]
+    # The last user message is the question, retrieved with the earlier user turn joined;
+    # the service's own system prompt is used.
+    assert stages.called("retrieve") == [("An earlier turn How is KV stored?", 2)]
+    assert stages.conversations[0].question == "How is KV stored?"
     [(messages_sent, max_tokens, _)] = stages.called("generate")
     assert max_tokens == 50  # max_completion_tokens wins over max_tokens
     assert messages_sent[0] == {"role": "system", "content": "system"}
@@ -139,11 +141,13 @@ def test_stream_refused_before_the_first_token_is_a_json_error(client, stages):
     error_of(response, 400, "BadRequestError")
 
 
-def test_question_of_joins_the_text_parts_of_the_last_user_message():
+def test_conversation_of_joins_text_parts_and_keeps_earlier_turns():
     body = ChatCompletionRequest(
         model=MODEL,
         messages=[
+            {"role": "developer", "content": "be terse"},
             {"role": "user", "content": "old"},
+            {"role": "assistant", "content": None},
             {
                 "role": "user",
                 "content": [
@@ -152,11 +156,15 @@ def test_question_of_joins_the_text_parts_of_the_last_user_message():
                     {"type": "text", "text": "part two"},
                 ],
             },
-            {"role": "assistant", "content": None},
         ],
     )
 
-    assert question_of(body) == "part one part two"
+    chat = conversation_of(body)
+
+    assert chat.question == "part one part two"
+    assert chat.history == (Turn("user", "old"), Turn("assistant", ""))
+    assert chat.positions == (1, 2)
+    assert chat.ignored_system_messages == 1
 
 
 # --- the official client ------------------------------------------------------------------

@@ -267,12 +267,7 @@ def test_build_app_binds_the_ingress_to_the_three_stages(development):
     ]
     compressor = stages[1]._bound_deployment
     assert compressor.num_replicas == 3
-    assert compressor.init_args == (
-        config.compression,
-        config.generator,
-        config.prompt,
-        config.retriever.index_path,
-    )
+    assert compressor.init_args == (config,)
     for deployment in [ingress, *(stage._bound_deployment for stage in stages)]:
         assert deployment._deployment_config.backpressure_config.retry_after_s == 4.0
 

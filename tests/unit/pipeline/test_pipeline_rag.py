@@ -15,9 +15,13 @@ from typing import Any, TypeVar
 import numpy as np
 import pytest
 
+from pipeline.conversation import ConversationSettings
 from pipeline.messages import (
+    Attribution,
+    Citation,
     CompressionDecision,
     CompressionPlan,
+    Conversation,
     ErrorEvent,
     FinishEvent,
     GenerationEvent,
@@ -25,11 +29,13 @@ from pipeline.messages import (
     PreparedPrompt,
     PromptSource,
     Retrieval,
+    RetrievalQuery,
     RetrievedChunk,
     StageError,
     StageTiming,
     TokenEvent,
     TokenUsage,
+    Turn,
 )
 from pipeline.rag import (
     DoneEvent,
@@ -111,6 +117,10 @@ class FakeStages:
     calls: list[tuple[str, tuple]] = field(default_factory=list)
     prepare_cancelled: bool = False
     generate_closed: bool = False
+    # What attribute answers (None: one citation of the first source); a float: a pause.
+    attribute_result: Attribution | StageError | BaseException | float | None = None
+    # A script per generate call, in order, before `script` (e.g. a rewrite's reply).
+    scripts: list[tuple[Any, ...]] = field(default_factory=list)
 
     async def retrieve(self, question: str, top_k: int) -> Retrieval | StageError:
         self.calls.append(("retrieve", (question, top_k)))
@@ -119,9 +129,13 @@ class FakeStages:
         return self.retrieve_result or retrieval()
 
     async def prepare(
-        self, question: str, retrieval: Retrieval, plan: CompressionPlan, max_output_tokens: int
+        self,
+        conversation: Conversation,
+        retrieval: Retrieval,
+        plan: CompressionPlan,
+        max_output_tokens: int,
     ) -> PreparedPrompt | StageError:
-        self.calls.append(("prepare", (question, retrieval, plan, max_output_tokens)))
+        self.calls.append(("prepare", (conversation, retrieval, plan, max_output_tokens)))
         if self.prepare_blocks:
             try:
                 await asyncio.Event().wait()
@@ -136,8 +150,9 @@ class FakeStages:
         self, request: GenerationRequest
     ) -> AsyncIterator[Sequence[GenerationEvent]]:
         self.calls.append(("generate", (request,)))
+        script = self.scripts.pop(0) if self.scripts else self.script
         try:
-            for step in self.script:
+            for step in script:
                 if isinstance(step, BaseException):
                     raise step
                 if isinstance(step, float):
@@ -146,6 +161,21 @@ class FakeStages:
                 yield step
         finally:
             self.generate_closed = True
+
+    async def attribute(
+        self, answer: str, sources: tuple[PromptSource, ...]
+    ) -> Attribution | StageError:
+        self.calls.append(("attribute", (answer, sources)))
+        result = self.attribute_result
+        if isinstance(result, float):
+            await asyncio.sleep(result)
+            result = None
+        if isinstance(result, BaseException):
+            raise result
+        if result is not None:
+            return result
+        citation = Citation(0, len(answer), sources[0].chunk_id, 0, 10, 0.9)
+        return Attribution((citation,), StageTiming(time.time(), 1.5))
 
     def called(self, stage: str) -> list[tuple]:
         return [args for name, args in self.calls if name == stage]
@@ -157,16 +187,20 @@ class FakeFallback:
 
     error: Exception | None = None
     calls: list[tuple] = field(default_factory=list)
+    history_turns: int = 8
+
+    def fit_history(self, history: Sequence[Turn]) -> tuple[Turn, ...]:
+        return tuple(history)[-self.history_turns :] if self.history_turns else ()
 
     def prepare(
         self,
-        question: str,
+        conversation: Conversation,
         retrieval: Retrieval,
         plan: CompressionPlan,
         max_output_tokens: int,
         degraded: str | None = None,
     ) -> PreparedPrompt:
-        self.calls.append((question, retrieval, plan, max_output_tokens, degraded))
+        self.calls.append((conversation, retrieval, plan, max_output_tokens, degraded))
         if self.error is not None:
             raise self.error
         return prepared_prompt(plan.method, own_ms=2.0, degraded=degraded)
@@ -247,8 +281,8 @@ def test_stages_are_asked_with_the_query_and_the_previous_answers():
 
     [(question, top_k)] = stages.called("retrieve")
     assert (question, top_k) == ("Q?", 5)
-    [(question, given_retrieval, plan, max_output_tokens)] = stages.called("prepare")
-    assert (question, plan, max_output_tokens) == ("Q?", PLAN, 64)
+    [(conversation, given_retrieval, plan, max_output_tokens)] = stages.called("prepare")
+    assert (conversation, plan, max_output_tokens) == (Conversation("Q?"), PLAN, 64)
     assert given_retrieval.chunks == CHUNKS
     [(request,)] = stages.called("generate")
     assert request == GenerationRequest(sources.prepared.messages, 64, 0.3, "req-1")
@@ -276,7 +310,7 @@ def test_the_result_carries_the_answer_usage_and_timings():
     # The first token came after a 10 ms pause, the last after another 10 ms.
     assert 9 <= result.ttft_ms < result.total_ms
     assert result.total_ms - result.ttft_ms >= 9
-    assert result.tpot_ms == pytest.approx((result.total_ms - result.ttft_ms) / 2)
+    assert result.tpot_ms == pytest.approx((result.generated_ms - result.ttft_ms) / 2)
     assert metrics.results == [result]
 
 
@@ -417,8 +451,8 @@ def test_a_compressor_that_cannot_answer_falls_back_to_the_uncompressed_context(
 
     events = run(pipeline)
 
-    [(question, given_retrieval, plan, max_output_tokens, given_degraded)] = fallback.calls
-    assert (question, max_output_tokens, given_degraded) == ("Q?", 64, degraded)
+    [(conversation, given_retrieval, plan, max_output_tokens, given_degraded)] = fallback.calls
+    assert (conversation.question, max_output_tokens, given_degraded) == ("Q?", 64, degraded)
     assert given_retrieval.chunks == CHUNKS
     assert plan == replace(PLAN, method="none")  # rate and policy kept, method "none"
     assert isinstance(events[0], SourcesEvent)
@@ -704,3 +738,190 @@ def test_tokens_are_joined_within_a_batch_but_never_across_an_error():
 
     assert [type(e) for e in events] == [SourcesEvent, TokenEvent, TokenEvent, FailedEvent]
     assert [e.text for e in events[1:3]] == ["ab", "c"]
+
+
+# --- conversations: the retrieval query -------------------------------------------------------
+
+HISTORY = (
+    Turn("user", "What is continuous batching?"),
+    Turn("assistant", "Requests join the batch at every step."),
+)
+SETTINGS = ConversationSettings(
+    join_user_turns=2, rewrite_system_prompt="REWRITE", rewrite_max_tokens=24, rewrite_timeout_s=1
+)
+
+
+def follow_up(mode: str, **kwargs: Any) -> RagQuery:
+    return replace(
+        query(), question="How does it help?", history=HISTORY, retrieval_query=mode, **kwargs
+    )  # type: ignore[arg-type]
+
+
+def rewrite_reply(text: str) -> tuple[Any, ...]:
+    return ([TokenEvent(text), FinishEvent("stop", USAGE)],)
+
+
+def test_without_history_retrieval_searches_the_question_whatever_the_mode():
+    stages = FakeStages()
+
+    events = run(
+        RagPipeline(stages, conversation=SETTINGS), replace(query(), retrieval_query="rewrite")
+    )
+
+    assert stages.called("retrieve") == [("Q?", 5)]
+    assert len(stages.called("generate")) == 1  # the answer only: nothing to rewrite
+    assert events[0].retrieval_query == RetrievalQuery("last", "Q?")
+    assert events[-1].result.rewrite_ms == 0.0
+
+
+def test_last_mode_searches_the_follow_up_alone_but_the_prompt_keeps_the_history():
+    stages = FakeStages()
+
+    events = run(RagPipeline(stages, conversation=SETTINGS), follow_up("last"))
+
+    assert stages.called("retrieve") == [("How does it help?", 5)]
+    [(conversation, *_)] = stages.called("prepare")
+    assert conversation == Conversation("How does it help?", HISTORY, "explained")
+    assert events[0].retrieval_query.mode == "last"
+
+
+def test_join_mode_searches_the_recent_user_turns_and_the_follow_up():
+    stages = FakeStages()
+
+    events = run(RagPipeline(stages, conversation=SETTINGS), follow_up("join"))
+
+    expected = "What is continuous batching? How does it help?"
+    assert stages.called("retrieve") == [(expected, 5)]
+    assert events[0].retrieval_query == RetrievalQuery("join", expected)
+    assert events[-1].result.retrieval_query == RetrievalQuery("join", expected)
+
+
+def test_rewrite_mode_asks_the_generator_first_then_searches_its_question():
+    stages = FakeStages(scripts=[rewrite_reply("How does continuous batching help?")])
+
+    events = run(RagPipeline(stages, conversation=SETTINGS), follow_up("rewrite"))
+
+    [(rewrite,), (answer,)] = stages.called("generate")
+    assert rewrite.messages[0] == {"role": "system", "content": "REWRITE"}
+    assert "What is continuous batching?" in rewrite.messages[1]["content"]
+    assert (rewrite.max_tokens, rewrite.temperature) == (24, 0.0)
+    assert rewrite.request_id == "req-1-rewrite"
+    assert answer.request_id == "req-1"
+    assert stages.called("retrieve") == [("How does continuous batching help?", 5)]
+    result = events[-1].result
+    assert result.retrieval_query == RetrievalQuery("rewrite", "How does continuous batching help?")
+    assert result.rewrite_ms > 0
+    # The answer's prompt is built from the user's own words, not the rewrite.
+    [(conversation, *_)] = stages.called("prepare")
+    assert conversation.question == "How does it help?"
+
+
+@pytest.mark.parametrize(
+    "script",
+    [
+        ([ErrorEvent(StageError(503, "engine dead"))],),
+        (StageUnavailable("generator", "overloaded"),),
+        ([TokenEvent("  "), FinishEvent("stop", USAGE)],),
+        (5.0,),  # slower than the rewrite timeout
+    ],
+    ids=["engine-error", "overloaded", "empty-reply", "timeout"],
+)
+def test_a_failed_rewrite_falls_back_to_the_join(script):
+    stages = FakeStages(scripts=[script])
+
+    events = run(RagPipeline(stages, conversation=SETTINGS), follow_up("rewrite"))
+
+    joined = "What is continuous batching? How does it help?"
+    assert stages.called("retrieve") == [(joined, 5)]
+    result = events[-1].result
+    assert result.retrieval_query == RetrievalQuery("join", joined, rewrite_failed=True)
+    assert result.answer == "Paged attention stores KV in blocks."
+
+
+def test_the_history_is_fitted_by_the_fallback_preparer_before_the_join():
+    history = (Turn("user", "old?"), Turn("assistant", "a"), *HISTORY)
+    fallback = FakeFallback(history_turns=2)
+    stages = FakeStages()
+
+    run(
+        RagPipeline(stages, fallback, conversation=SETTINGS),
+        replace(follow_up("join"), history=history),
+    )
+
+    # Only the last two turns fit: "old?" is not searched for.
+    assert stages.called("retrieve") == [("What is continuous batching? How does it help?", 5)]
+
+
+# --- citations and the answer's text ----------------------------------------------------------
+
+
+def test_the_answer_is_attributed_after_generation_and_the_hop_is_timed():
+    stages = FakeStages(attribute_result=0.05)
+
+    events = run(RagPipeline(stages))
+
+    [(answer, sources)] = stages.called("attribute")
+    result = events[-1].result
+    assert answer == result.answer == "Paged attention stores KV in blocks."
+    assert sources == result.prepared.sources
+    assert result.citations == (Citation(0, len(answer), "kv#0", 0, 10, 0.9),)
+    assert result.attribute is not None and result.attribute.own_ms == 1.5
+    # The attribution's wait counts in the total, not in TTFT or TPOT.
+    assert result.total_ms - result.generated_ms >= 45
+    assert result.tpot_ms is not None and result.tpot_ms < 40
+
+
+def test_citations_not_asked_for_are_not_computed():
+    stages = FakeStages()
+
+    events = run(RagPipeline(stages), replace(query(), citations=False))
+
+    assert stages.called("attribute") == []
+    assert events[-1].result.citations is None
+    assert events[-1].result.attribute is None
+
+
+@pytest.mark.parametrize(
+    "failure",
+    [
+        StageUnavailable("compressor", "unavailable", "replica died"),
+        StageError(400, "citations are not enabled"),
+        RuntimeError("bug"),
+        3.0,  # slower than the attribution timeout
+    ],
+    ids=["unavailable", "refused", "broken", "timeout"],
+)
+def test_an_attribution_that_fails_costs_the_citations_not_the_answer(failure):
+    stages = FakeStages(attribute_result=failure)
+
+    events = run(RagPipeline(stages, attribution_timeout_s=0.05))
+
+    result = events[-1].result
+    assert isinstance(events[-1], DoneEvent)
+    assert result.answer == "Paged attention stores KV in blocks."
+    assert result.citations is None and result.attribute is None
+
+
+def test_an_empty_answer_has_no_citations_and_no_attribution_call():
+    stages = FakeStages(script=([FinishEvent("stop", USAGE)],))
+
+    events = run(RagPipeline(stages))
+
+    assert stages.called("attribute") == []
+    assert events[-1].result.citations == ()
+
+
+def test_invalid_markers_and_leaked_tags_never_reach_the_client():
+    script = (
+        [TokenEvent("Blocks are cached [kv#"), TokenEvent("0] and [bogus#9]")],
+        [TokenEvent(' shared <source id="x">.'), FinishEvent("stop", USAGE)],
+    )
+    stages = FakeStages(script=script)
+
+    events = run(RagPipeline(stages))
+
+    streamed = "".join(e.text for e in events if isinstance(e, TokenEvent))
+    answer = events[-1].result.answer
+    assert streamed == answer
+    assert "[kv#0]" in answer
+    assert "bogus#9" not in answer and "<source" not in answer
