@@ -9,13 +9,14 @@ BIN    := $(VENV)/bin
 INSTALLED := $(VENV)/.installed
 MODELS    := .models/smollm2-135m-instruct/config.json
 INDEX     := indexes/default/manifest.json
+CHROMIUM  := /usr/bin/chromium
 CORPUS    := $(shell find data/corpus -type f)
 
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export RAY_USAGE_STATS_ENABLED := 0
 
-.PHONY: setup install models models-qwen index run test lint unit integration reliability chaos bench bench-quick eval eval-quick stop clean
+.PHONY: setup install models models-qwen index browser run test lint unit integration reliability chaos bench bench-quick eval eval-quick stop clean
 
 setup: install models index
 
@@ -48,6 +49,19 @@ index: $(INDEX)
 $(INDEX): $(CORPUS) | $(INSTALLED)
 	$(BIN)/python -m retrieval.build --input data/corpus --output indexes/default --quiet
 
+# Debian's Chromium for the browser tests: Playwright (in the lock) drives it and downloads
+# no browser of its own. Installed only when missing; that needs root.
+browser: $(CHROMIUM)
+
+$(CHROMIUM):
+	@if [ "$$(id -u)" != 0 ]; then \
+		echo "The browser tests need Debian's 'chromium' package at $(CHROMIUM)." >&2; \
+		echo "Install it as root: apt-get update && apt-get install -y --no-install-recommends chromium" >&2; \
+		exit 1; \
+	fi
+	apt-get update
+	DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends chromium
+
 run: setup
 	$(BIN)/serve run serve_config.yaml
 
@@ -59,12 +73,12 @@ lint: install
 unit: install
 	$(BIN)/pytest tests/unit -m "not models"
 
-integration: setup
+integration: setup browser
 	$(BIN)/pytest tests/integration
 
 # Unit, integration and the fast reliability tests (overload, replica kills, fuzzing), each
 # test module starting the real app once.
-test: setup lint
+test: setup lint browser
 	$(BIN)/pytest tests
 
 reliability: setup
