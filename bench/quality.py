@@ -178,6 +178,10 @@ class QuestionResult:
     ttft_ms: float | None = None
     total_ms: float | None = None
     tpot_ms: float | None = None
+    answer_style: str = "explained"
+    # A gold answer found inside the answer (both normalised): what an explained answer is
+    # scored by, where EM/F1 against a span mean little.
+    contains_gold: bool | None = None
 
     @property
     def answered(self) -> bool:
@@ -191,6 +195,7 @@ def query_question(
     max_tokens: int,
     timeout_s: float,
     headers: dict[str, str] | None = None,
+    answer_style: str = "explained",
 ) -> QuestionResult:
     """Ask one question at one sweep point and score the reply; errors are recorded, not raised.
 
@@ -206,9 +211,11 @@ def query_question(
         question=question.question,
         gold_answers=list(question.gold_answers),
         gold_doc_id=question.paragraph_id,
+        answer_style=answer_style,
     )
     body = {
         "question": question.question,
+        "answer_style": answer_style,
         "top_k": point.top_k,
         "compression": point.compression(),
         "max_tokens": max_tokens,
@@ -258,6 +265,7 @@ def _score(
     result.answer = reply.answer
     result.exact_match = exact_match(answer_for_scoring, question.gold_answers)
     result.f1 = f1(answer_for_scoring, question.gold_answers)
+    result.contains_gold = answer_survives(answer_for_scoring, question.gold_answers)
     result.source_ids = [source.id for source in reply.sources]
     result.source_doc_ids = [source.doc_id for source in reply.sources]
     result.recall = recall_at_k(result.source_doc_ids, question.paragraph_id, k=point.top_k)
@@ -301,6 +309,7 @@ def run_sweep(
     timeout_s: float,
     known_doc_ids: set[str],
     headers: dict[str, str] | None = None,
+    answer_style: str = "explained",
 ) -> list[QuestionResult]:
     """Every question at every point, point by point, one request at a time.
 
@@ -312,7 +321,9 @@ def run_sweep(
     checked_index = False
     for point in points:
         for question in questions:
-            result = query_question(client, question, point, max_tokens, timeout_s, headers)
+            result = query_question(
+                client, question, point, max_tokens, timeout_s, headers, answer_style
+            )
             results.append(result)
             if result.answered and not checked_index:
                 checked_index = True
@@ -355,6 +366,7 @@ class PointSummary:
     errors: int
     exact_match: float | None
     f1: float | None
+    contains_gold: float | None
     recall: float | None
     answer_survival: float | None
     context_tokens_before_mean: float | None
@@ -388,6 +400,9 @@ def summarize(
                 errors=len(mine) - len(ok),
                 exact_match=mean(r.exact_match for r in ok),
                 f1=mean(r.f1 for r in ok),
+                contains_gold=mean(
+                    None if r.contains_gold is None else float(r.contains_gold) for r in ok
+                ),
                 recall=mean(r.recall for r in ok),
                 answer_survival=mean(
                     None if r.answer_survived is None else float(r.answer_survived) for r in ok
@@ -413,18 +428,21 @@ def render_markdown(config: dict[str, Any], summaries: Sequence[PointSummary]) -
         f"# SQuAD quality: {config['label']}",
         "",
         f"{config['questions_sampled']} SQuAD v1.1 dev questions (seed {config['seed']}), "
-        f"sweep `{config['sweep']}`, max_tokens {config['max_tokens']}, temperature 0, "
+        f"sweep `{config['sweep']}`, answer style `{config.get('answer_style', 'explained')}`, "
+        f"max_tokens {config['max_tokens']}, temperature 0, "
         f"service {config['url']}. Means are over answered requests; the kept ratio is total "
         "context tokens after / before; citation validity is over answers that cite.",
         "",
-        "| point | answered | errors | EM | F1 | recall@k | answer kept | context tokens "
-        "before → kept | kept ratio | citation validity (citing) | TTFT p50 ms | total p50 ms |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| point | answered | errors | EM | F1 | contains gold | recall@k | answer kept "
+        "| context tokens before → kept | kept ratio | citation validity (citing) "
+        "| TTFT p50 ms | total p50 ms |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for s in summaries:
         lines.append(
             f"| {s.point} | {s.answered}/{s.questions} | {s.errors} | {_fmt(s.exact_match)} "
-            f"| {_fmt(s.f1)} | {_fmt(s.recall)} | {_fmt(s.answer_survival)} "
+            f"| {_fmt(s.f1)} | {_fmt(s.contains_gold)} | {_fmt(s.recall)} "
+            f"| {_fmt(s.answer_survival)} "
             f"| {_fmt(s.context_tokens_before_mean, 0)} → {_fmt(s.context_tokens_kept_mean, 0)} "
             f"| {_fmt(s.kept_ratio, 2)} | {_fmt(s.citation_validity)} ({s.citing_answers}) "
             f"| {_fmt(s.ttft_ms_median, 0)} | {_fmt(s.total_ms_median, 0)} |"
@@ -526,6 +544,8 @@ class RunSettings:
     cache_dir: Path = DEFAULT_CACHE_DIR
     # Any SQuAD-format JSON file; None: SQuAD v1.1 dev from the cache.
     squad_file: Path | None = None
+    # "short" (the answer span: EM/F1 mean what they say) or "explained".
+    answer_style: str = "explained"
 
 
 def run_quality(
@@ -561,6 +581,7 @@ def run_quality(
         settings.timeout_s,
         {paragraph.paragraph_id for paragraph in squad.paragraphs},
         headers,
+        settings.answer_style,
     )
     summaries = summarize(results, points)
     config = {
@@ -718,6 +739,12 @@ def _parser() -> argparse.ArgumentParser:
     run_parser.add_argument("--sweep", choices=sorted(SWEEPS), default="quick")
     run_parser.add_argument("--max-tokens", type=_positive_int, default=32)
     run_parser.add_argument(
+        "--answer-style",
+        choices=("short", "explained"),
+        default="explained",
+        help="short: the answer span (EM/F1); explained: scored by contains-gold",
+    )
+    run_parser.add_argument(
         "--timeout-s", type=_positive_float, default=DEFAULT_TIMEOUT_S, help="per request"
     )
     run_parser.add_argument("--cache", type=Path, default=DEFAULT_CACHE_DIR)
@@ -774,6 +801,7 @@ def _main_run(args: argparse.Namespace, client: httpx.Client | None) -> int:
         label=args.label,
         cache_dir=args.cache,
         squad_file=args.squad_file,
+        answer_style=args.answer_style,
     )
     if client is not None:
         written = run_quality(settings, client, args.api_key)

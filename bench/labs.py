@@ -1,0 +1,208 @@
+"""What the conversation and citation labs share (bench.conversation, bench.citations).
+
+- `require_loopback`: the labs talk only to a service on this machine.
+- `post_query`: one POST /v1/rag/query with a timeout; a failure is recorded, never raised
+  or retried.
+- `sample_interval`: a statistic of one sample with its 95% bootstrap interval, and
+  `difference_label`: what a paired interval says ("no detectable difference" when it holds 0).
+- `squad_service`: serve_config.yaml with `retriever.index_path` on the SQuAD index
+  (`python -m bench.quality prepare` builds it), started and stopped by bench.service, the
+  way bench.suite starts its variants.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import httpx
+from pydantic import ValidationError
+
+from app.schemas import RagQueryResponse
+from bench import bootstrap, quality
+from bench.bootstrap import Interval
+from bench.service import ROOT, free_port, running_service
+from bench.variant import write_variant
+
+QUERY_PATH = "/v1/rag/query"
+LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
+NO_DIFFERENCE = "no detectable difference"
+# The same seed for every interval: a rerun on the same rows reports the same numbers.
+BOOTSTRAP_SEED = 0
+_ERROR_TEXT_CHARS = 500
+_LABEL = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+
+
+class LabError(RuntimeError):
+    """A lab cannot go on (bad input file, a non-loopback URL, the wrong index served)."""
+
+
+def require_loopback(url: str) -> str:
+    """`url` unchanged if it is http(s) on a loopback host, else LabError."""
+    parts = urlsplit(url)
+    if parts.scheme not in {"http", "https"} or parts.hostname not in LOOPBACK_HOSTS:
+        raise LabError(f"{url!r}: the labs only query a service on loopback (127.0.0.1)")
+    return url
+
+
+def auth_headers(api_key: str | None) -> dict[str, str] | None:
+    return {"Authorization": f"Bearer {api_key}"} if api_key else None
+
+
+@dataclass(frozen=True)
+class QueryOutcome:
+    """One request: the parsed reply, or why there is none."""
+
+    status_code: int | None
+    client_ms: float
+    reply: RagQueryResponse | None = None
+    error: str | None = None
+
+
+def post_query(
+    client: httpx.Client,
+    body: Mapping[str, Any],
+    timeout_s: float,
+    headers: Mapping[str, str] | None = None,
+) -> QueryOutcome:
+    """POST `body` to /v1/rag/query once. A transport error, a non-200 status or a body that
+    is not a RagQueryResponse comes back as `error` (with the service's message)."""
+    started = time.perf_counter()
+    try:
+        response = client.post(
+            QUERY_PATH, json=dict(body), headers=dict(headers or {}), timeout=timeout_s
+        )
+    except httpx.HTTPError as exc:
+        return QueryOutcome(None, _ms_since(started), error=f"{type(exc).__name__}: {exc}")
+    client_ms = _ms_since(started)
+    if response.status_code != 200:
+        return QueryOutcome(
+            response.status_code,
+            client_ms,
+            error=f"HTTP {response.status_code}: {error_text(response)}",
+        )
+    try:
+        reply = RagQueryResponse.model_validate_json(response.content)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        return QueryOutcome(
+            200,
+            client_ms,
+            error=f"malformed response: {exc.error_count()} problems, first {first['loc']}: "
+            f"{first['msg']}",
+        )
+    return QueryOutcome(200, client_ms, reply=reply)
+
+
+def error_text(response: httpx.Response) -> str:
+    """The OpenAI-shaped error's message, else the start of the body."""
+    try:
+        message = response.json()["error"]["message"]
+        if isinstance(message, str):
+            return message[:_ERROR_TEXT_CHARS]
+    except (ValueError, KeyError, TypeError):
+        pass
+    return response.text[:_ERROR_TEXT_CHARS]
+
+
+def _ms_since(started: float) -> float:
+    return round((time.perf_counter() - started) * 1000, 1)
+
+
+def positive_int(text: str) -> int:
+    """argparse type: an int of at least 1."""
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def positive_float(text: str) -> float:
+    """argparse type: a float above 0."""
+    value = float(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be positive, got {value}")
+    return value
+
+
+def label(text: str) -> str:
+    """argparse type: an output file stem (letters, digits, '.', '_', '-')."""
+    if not _LABEL.fullmatch(text):
+        raise argparse.ArgumentTypeError(f"label {text!r}: use letters, digits, '.', '_', '-'")
+    return text
+
+
+# --- intervals -------------------------------------------------------------------------------
+
+
+def sample_interval(
+    values: Sequence[float], stat: bootstrap.Statistic = bootstrap.mean
+) -> Interval | None:
+    """stat(values) with a 95% bootstrap interval (None for no values). The mean of 0/1
+    values is a proportion. bench.bootstrap.paired_ci against zeros resamples the values
+    themselves, so this is its one-sample interval."""
+    if not values:
+        return None
+    return bootstrap.paired_ci(list(values), [0.0] * len(values), stat=stat, seed=BOOTSTRAP_SEED)
+
+
+def paired_interval(
+    a: Sequence[float], b: Sequence[float], stat: bootstrap.Statistic = bootstrap.mean
+) -> Interval | None:
+    """stat of the per-pair differences a[i] - b[i] with its 95% interval (None if empty)."""
+    if not a:
+        return None
+    return bootstrap.paired_ci(list(a), list(b), stat=stat, seed=BOOTSTRAP_SEED)
+
+
+def difference_label(interval: Interval | None) -> str:
+    """ "higher" or "lower" when the interval of a difference excludes 0, else
+    NO_DIFFERENCE (also when there was nothing to compare)."""
+    if interval is None or interval.contains(0.0):
+        return NO_DIFFERENCE
+    return "higher" if interval.low > 0 else "lower"
+
+
+def interval_dict(interval: Interval | None) -> dict[str, float] | None:
+    return None if interval is None else asdict(interval)
+
+
+def interval_text(interval: Interval | None, digits: int = 3) -> str:
+    """`0.800 [0.700, 0.880] (n=120)`, or "–" for none."""
+    return "–" if interval is None else f"{interval.text(digits)} (n={interval.n})"
+
+
+# --- the service -----------------------------------------------------------------------------
+
+
+@contextmanager
+def squad_service(
+    base_config: Path,
+    out_dir: Path,
+    name: str,
+    index_dir: Path = quality.DEFAULT_INDEX_DIR,
+    overrides: Mapping[str, object] | None = None,
+) -> Iterator[str]:
+    """Start `base_config` serving the SQuAD index on a free loopback port (the variant and
+    its log go to `out_dir/<name>.serve.{yaml,log}`), yield its base URL, stop it on exit.
+    LabError before anything starts when the index is missing."""
+    index_on_disk = index_dir if index_dir.is_absolute() else ROOT / index_dir
+    if not quality.index_is_built(index_on_disk):
+        raise LabError(f"no index at {index_on_disk}; run `python -m bench.quality prepare`")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    config = write_variant(
+        base_config,
+        {"retriever.index_path": str(index_dir), **(overrides or {})},
+        out_dir / f"{name}.serve.yaml",
+        port,
+    )
+    with running_service(config, port, out_dir / f"{name}.serve.log") as url:
+        yield url
