@@ -19,7 +19,6 @@ bootstrap interval. Outputs: `<out>/<label>.json` (config, rows, summary) and
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import sys
 import time
@@ -33,13 +32,11 @@ from bench.citations_report import CitationRow, render_markdown, score_reply, su
 from bench.labs import (
     LabError,
     auth_headers,
-    label,
-    positive_float,
-    positive_int,
     post_query,
     require_loopback,
     squad_service,
 )
+from bench.outputs import label, positive_float, positive_int, write_json_and_markdown
 from bench.quality import DEFAULT_INDEX_DIR, QualityError, check_ready
 from bench.service import ROOT
 from bench.squad import (
@@ -209,23 +206,14 @@ def run_lab(
         "started_at": started_at,
         "elapsed_s": round(time.perf_counter() - started, 1),
     }
-    settings.out_dir.mkdir(parents=True, exist_ok=True)
-    json_path = settings.out_dir / f"{settings.label}.json"
-    json_path.write_text(
-        json.dumps(
-            {
-                "config": config,
-                "summary": [asdict(s) for s in summary],
-                "results": [asdict(r) for r in rows],
-            },
-            indent=2,
-            ensure_ascii=False,
-        ),
-        encoding="utf-8",
+    document = {
+        "config": config,
+        "summary": [asdict(s) for s in summary],
+        "results": [asdict(r) for r in rows],
+    }
+    return write_json_and_markdown(
+        settings.out_dir, settings.label, document, render_markdown(config, summary)
     )
-    markdown_path = settings.out_dir / f"{settings.label}.md"
-    markdown_path.write_text(render_markdown(config, summary), encoding="utf-8")
-    return [json_path, markdown_path]
 
 
 # --- CLI -------------------------------------------------------------------------------------

@@ -29,7 +29,6 @@ difference". Outputs: `<out>/<label>.json` (config, per-request rows, summary) a
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import random
 import sys
@@ -55,13 +54,11 @@ from bench.conversation_report import render_markdown, summarize
 from bench.labs import (
     LabError,
     auth_headers,
-    label,
-    positive_float,
-    positive_int,
     post_query,
     require_loopback,
     squad_service,
 )
+from bench.outputs import label, positive_float, positive_int, write_json_and_markdown
 from bench.quality import DEFAULT_INDEX_DIR, QualityError, check_ready
 from bench.service import ROOT
 from bench.squad import DEFAULT_CACHE_DIR, SQUAD_DEV_FILENAME, SquadFormatError, load_squad
@@ -303,23 +300,14 @@ def run_lab(
         "started_at": started_at,
         "elapsed_s": round(time.perf_counter() - started, 1),
     }
-    settings.out_dir.mkdir(parents=True, exist_ok=True)
-    json_path = settings.out_dir / f"{settings.label}.json"
-    json_path.write_text(
-        json.dumps(
-            {
-                "config": config,
-                "summary": asdict(summary),
-                "results": [asdict(r) for r in results],
-            },
-            indent=2,
-            ensure_ascii=False,
-        ),
-        encoding="utf-8",
+    document = {
+        "config": config,
+        "summary": asdict(summary),
+        "results": [asdict(r) for r in results],
+    }
+    return write_json_and_markdown(
+        settings.out_dir, settings.label, document, render_markdown(config, summary)
     )
-    markdown_path = settings.out_dir / f"{settings.label}.md"
-    markdown_path.write_text(render_markdown(config, summary), encoding="utf-8")
-    return [json_path, markdown_path]
 
 
 # --- CLI -------------------------------------------------------------------------------------

@@ -12,8 +12,6 @@
 
 from __future__ import annotations
 
-import argparse
-import re
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -37,7 +35,6 @@ NO_DIFFERENCE = "no detectable difference"
 # The same seed for every interval: a rerun on the same rows reports the same numbers.
 BOOTSTRAP_SEED = 0
 _ERROR_TEXT_CHARS = 500
-_LABEL = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 
 
 class LabError(RuntimeError):
@@ -114,29 +111,6 @@ def error_text(response: httpx.Response) -> str:
 
 def _ms_since(started: float) -> float:
     return round((time.perf_counter() - started) * 1000, 1)
-
-
-def positive_int(text: str) -> int:
-    """argparse type: an int of at least 1."""
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
-
-
-def positive_float(text: str) -> float:
-    """argparse type: a float above 0."""
-    value = float(text)
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be positive, got {value}")
-    return value
-
-
-def label(text: str) -> str:
-    """argparse type: an output file stem (letters, digits, '.', '_', '-')."""
-    if not _LABEL.fullmatch(text):
-        raise argparse.ArgumentTypeError(f"label {text!r}: use letters, digits, '.', '_', '-'")
-    return text
 
 
 # --- intervals -------------------------------------------------------------------------------

@@ -41,6 +41,7 @@ import httpx
 from pydantic import ValidationError
 
 from app.schemas import RagQueryResponse
+from bench.outputs import label, positive_float, positive_int, write_json_and_markdown
 from bench.squad import (
     DEFAULT_CACHE_DIR,
     SQUAD_DEV_FILENAME,
@@ -75,7 +76,6 @@ DEFAULT_TIMEOUT_S = 180.0
 # Bracketed citations, as bench.squad_metrics counts them; removed before EM/F1 so that a
 # correct answer is not penalised for citing its source.
 _CITATION = re.compile(r"\[[^\[\]\n]+\](?!\()")
-_LABEL = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 _ERROR_TEXT_CHARS = 500
 
 CommandRunner = Callable[..., "subprocess.CompletedProcess[Any]"]
@@ -503,23 +503,12 @@ def write_outputs(
     summaries: Sequence[PointSummary],
 ) -> list[Path]:
     """Write `<label>.json`, `<label>.md` and, with matplotlib, `<label>.png`; return them."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    json_path = out_dir / f"{label}.json"
-    json_path.write_text(
-        json.dumps(
-            {
-                "config": config,
-                "summary": [asdict(s) for s in summaries],
-                "results": [asdict(r) for r in results],
-            },
-            indent=2,
-            ensure_ascii=False,
-        ),
-        encoding="utf-8",
-    )
-    markdown_path = out_dir / f"{label}.md"
-    markdown_path.write_text(render_markdown(config, summaries), encoding="utf-8")
-    written = [json_path, markdown_path]
+    document = {
+        "config": config,
+        "summary": [asdict(s) for s in summaries],
+        "results": [asdict(r) for r in results],
+    }
+    written = write_json_and_markdown(out_dir, label, document, render_markdown(config, summaries))
     png_path = out_dir / f"{label}.png"
     if plot_f1_against_tokens(summaries, png_path):
         written.append(png_path)
@@ -699,26 +688,6 @@ def _warn_about_other_documents(corpus_path: Path) -> None:
         logger.warning("%s also holds %s; they will be indexed too", corpus_path.parent, others)
 
 
-def _label(text: str) -> str:
-    if not _LABEL.fullmatch(text):
-        raise argparse.ArgumentTypeError(f"label {text!r}: use letters, digits, '.', '_', '-'")
-    return text
-
-
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
-
-
-def _positive_float(text: str) -> float:
-    value = float(text)
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be positive, got {value}")
-    return value
-
-
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m bench.quality", description=__doc__.splitlines()[0]
@@ -734,10 +703,10 @@ def _parser() -> argparse.ArgumentParser:
     run_parser = commands.add_parser("run", help="score a running service on SQuAD questions")
     run_parser.add_argument("--url", default="http://127.0.0.1:8000")
     run_parser.add_argument("--api-key", default=None, help="sent as Authorization: Bearer")
-    run_parser.add_argument("--questions", type=_positive_int, default=50)
+    run_parser.add_argument("--questions", type=positive_int, default=50)
     run_parser.add_argument("--seed", type=int, default=0)
     run_parser.add_argument("--sweep", choices=sorted(SWEEPS), default="quick")
-    run_parser.add_argument("--max-tokens", type=_positive_int, default=32)
+    run_parser.add_argument("--max-tokens", type=positive_int, default=32)
     run_parser.add_argument(
         "--answer-style",
         choices=("short", "explained"),
@@ -745,14 +714,14 @@ def _parser() -> argparse.ArgumentParser:
         help="short: the answer span (EM/F1); explained: scored by contains-gold",
     )
     run_parser.add_argument(
-        "--timeout-s", type=_positive_float, default=DEFAULT_TIMEOUT_S, help="per request"
+        "--timeout-s", type=positive_float, default=DEFAULT_TIMEOUT_S, help="per request"
     )
     run_parser.add_argument("--cache", type=Path, default=DEFAULT_CACHE_DIR)
     run_parser.add_argument(
         "--squad-file", type=Path, help="the set `prepare --squad-file` indexed (default: dev)"
     )
     run_parser.add_argument("--out", type=Path, required=True, help="folder for the outputs")
-    run_parser.add_argument("--label", type=_label, required=True, help="output file stem")
+    run_parser.add_argument("--label", type=label, required=True, help="output file stem")
     return parser
 
 
