@@ -15,9 +15,10 @@ import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import dataclass, field
 
-from fastapi import FastAPI, Request, Response
+from fastapi import Depends, FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from fastapi.security import HTTPBearer
 from sse_starlette import EventSourceResponse, ServerSentEvent
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -116,17 +117,22 @@ def create_api(state: ApiState | None = None) -> FastAPI:
     )
     api.add_api_route("/healthz", _healthz, methods=["GET"])
     api.add_api_route("/readyz", _readyz, methods=["GET"], responses={503: ERROR_RESPONSES[503]})
+    # The key is checked by RequestGuard before the body is read; this only declares it in
+    # the OpenAPI document, so /docs has an Authorize button.
+    declares_key = [Depends(HTTPBearer(auto_error=False, description="RAG_API_KEYS"))]
     api.add_api_route(
         "/v1/models", _models, methods=["GET"], response_model=ModelList,
-        responses={401: ERROR_RESPONSES[401]},
+        responses={401: ERROR_RESPONSES[401]}, dependencies=declares_key,
     )  # fmt: skip
     api.add_api_route(
         "/v1/rag/query", _rag_query, methods=["POST"],
         responses={200: {"model": RagQueryResponse}, **ERROR_RESPONSES},
+        dependencies=declares_key,
     )  # fmt: skip
     api.add_api_route(
-        "/v1/chat/completions", _chat_completions, methods=["POST"], responses=ERROR_RESPONSES
-    )
+        "/v1/chat/completions", _chat_completions, methods=["POST"], responses=ERROR_RESPONSES,
+        dependencies=declares_key,
+    )  # fmt: skip
     install_playground(api)
     return api
 

@@ -189,3 +189,13 @@ def test_docs_urls_carry_the_route_prefix():
     for url in references(docs.text).urls:
         assert url.startswith("/rag/docs/assets/"), url
         assert client.get(url).status_code == 200, url
+
+
+def test_the_openapi_document_declares_the_bearer_key_on_v1_routes(client):
+    spec = client.get("/openapi.json").json()
+
+    assert spec["components"]["securitySchemes"]["HTTPBearer"]["scheme"] == "bearer"
+    for path in ("/v1/models", "/v1/rag/query", "/v1/chat/completions"):
+        [operation] = spec["paths"][path].values()
+        assert operation["security"] == [{"HTTPBearer": []}]
+    assert "security" not in spec["paths"]["/healthz"]["get"]
