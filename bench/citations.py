@@ -19,6 +19,7 @@ bootstrap interval. Outputs: `<out>/<label>.json` (config, rows, summary) and
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import sys
 import time
@@ -28,7 +29,13 @@ from pathlib import Path
 
 import httpx
 
-from bench.citations_report import CitationRow, render_markdown, score_reply, summarize
+from bench.citations_report import (
+    CitationRow,
+    render_markdown,
+    score_answer,
+    score_reply,
+    summarize,
+)
 from bench.labs import (
     LabError,
     auth_headers,
@@ -250,6 +257,8 @@ def _parser() -> argparse.ArgumentParser:
     run = commands.add_parser("run", help="measure a running service")
     run.add_argument("--url", default="http://127.0.0.1:8000")
     _add_run_arguments(run)
+    report = commands.add_parser("report", help="re-score and re-render a run's JSON")
+    report.add_argument("results", type=Path, help="the <label>.json a run wrote")
     everything = commands.add_parser("all", help="start the SQuAD service, run, stop")
     _add_run_arguments(everything)
     everything.add_argument("--base-config", type=Path, default=ROOT / "serve_config.yaml")
@@ -265,6 +274,8 @@ def main(argv: Sequence[str] | None = None, *, client: httpx.Client | None = Non
     try:
         if args.command == "run":
             written = _run(args, args.url, client)
+        elif args.command == "report":
+            written = rewrite_report(args.results)
         else:
             with squad_service(args.base_config, args.out, "citations", args.index) as url:
                 written = _run(args, url, client)
@@ -274,6 +285,24 @@ def main(argv: Sequence[str] | None = None, *, client: httpx.Client | None = Non
     for path in written:
         print(path)
     return 0
+
+
+def rewrite_report(results: Path) -> list[Path]:
+    """Re-score the answers of a run's JSON (EM/F1 included) and write its outputs again."""
+    document = json.loads(results.read_text(encoding="utf-8"))
+    config = document["config"]
+    rows = [CitationRow(**row) for row in document["results"]]
+    for row in rows:
+        score_answer(row)
+    summary = summarize(rows, config["styles"])
+    document = {
+        "config": config,
+        "summary": [asdict(s) for s in summary],
+        "results": [asdict(r) for r in rows],
+    }
+    return write_json_and_markdown(
+        results.parent, results.stem, document, render_markdown(config, summary)
+    )
 
 
 def _run(args: argparse.Namespace, url: str, client: httpx.Client | None) -> list[Path]:

@@ -24,7 +24,7 @@ from app.schemas import CitationInfo, RagQueryResponse
 from bench import bootstrap
 from bench.bootstrap import Interval
 from bench.labs import interval_text, sample_interval
-from bench.squad_metrics import answer_survives, recall_at_k
+from bench.squad_metrics import answer_survives, exact_match, f1, recall_at_k
 from bench.stats import format_ms, mean, percentile_or_none
 
 
@@ -59,6 +59,9 @@ class CitationRow:
     context_has_gold: bool | None = None
     gold_retrieved: bool | None = None
     answer_has_gold: bool | None = None
+    # SQuAD's EM and F1 of the answer (best over the golds): what the short style is for.
+    exact_match: float | None = None
+    f1: float | None = None
     attribute_ms: float | None = None
     ttft_ms: float | None = None
     total_ms: float | None = None
@@ -77,6 +80,7 @@ def score_reply(row: CitationRow, reply: RagQueryResponse, top_k: int) -> None:
     # Newlines keep a gold answer from being "found" across the seam of two passages.
     row.context_has_gold = answer_survives("\n".join(passages.values()), golds)
     row.answer_has_gold = answer_survives(reply.answer, golds)
+    score_answer(row)
     row.attribute_ms = reply.timings_ms.attribute
     row.ttft_ms, row.total_ms = reply.timings_ms.ttft, reply.timings_ms.total
     if reply.citations is None:  # attribution off or unavailable: no figures, not zeros
@@ -97,6 +101,13 @@ def score_reply(row: CitationRow, reply: RagQueryResponse, top_k: int) -> None:
         row.top_span_text, golds
     )
     row.top_passage_has_gold = passage is not None and answer_survives(passage, golds)
+
+
+def score_answer(row: CitationRow) -> None:
+    """EM and F1 of `row.answer` against its golds (rows written before they were kept)."""
+    if row.answer is not None:
+        row.exact_match = exact_match(row.answer, row.gold_answers)
+        row.f1 = f1(row.answer, row.gold_answers)
 
 
 def _spans_fit(citation: CitationInfo, answer: str, passages: dict[str, str]) -> bool:
@@ -130,6 +141,8 @@ class StyleSummary:
     context_ceiling: Interval | None
     gold_retrieved: Interval | None
     answer_has_gold: Interval | None
+    exact_match: Interval | None
+    f1: Interval | None
     attribute_ms_p50: Interval | None
     attribute_ms_p95: float | None
     compression_methods: dict[str, int]
@@ -166,6 +179,8 @@ def _style(style: str, rows: Sequence[CitationRow]) -> StyleSummary:
         context_ceiling=_share(ok, lambda r: bool(r.context_has_gold)),
         gold_retrieved=_share(ok, lambda r: bool(r.gold_retrieved)),
         answer_has_gold=_share(ok, lambda r: bool(r.answer_has_gold)),
+        exact_match=sample_interval([r.exact_match for r in ok if r.exact_match is not None]),
+        f1=sample_interval([r.f1 for r in ok if r.f1 is not None]),
         attribute_ms_p50=sample_interval(attribute_ms, bootstrap.median),
         attribute_ms_p95=percentile_or_none(attribute_ms, 95),
         compression_methods=dict(Counter(r.compression_method for r in ok if r.compression_method)),
@@ -195,8 +210,9 @@ def render_markdown(config: dict[str, Any], summaries: Sequence[StyleSummary]) -
         "95% bootstrap intervals, n in parentheses.",
         "",
         "| style | answered | coverage | span precision | passage precision "
-        "| span precision, gold in context | span hits | ceiling | answer holds gold |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| span precision, gold in context | span hits | ceiling | answer holds gold "
+        "| EM | F1 |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for s in summaries:
         cells = (
@@ -207,6 +223,8 @@ def render_markdown(config: dict[str, Any], summaries: Sequence[StyleSummary]) -
             s.span_hits,
             s.context_ceiling,
             s.answer_has_gold,
+            s.exact_match,
+            s.f1,
         )
         lines.append(
             f"| {s.style} | {s.answered}/{s.questions} | "

@@ -307,3 +307,25 @@ def test_run_refuses_a_url_off_loopback(squad_file, tmp_path, capsys):
 def test_run_without_the_data_set_says_how_to_get_it(tmp_path, capsys):
     assert _run(FakeService(), tmp_path / "missing.json", tmp_path / "out") == 1
     assert "bench.quality prepare" in capsys.readouterr().err
+
+
+def test_report_rescores_a_runs_answers_with_em_and_f1(squad_file, tmp_path):
+    out = tmp_path / "out"
+    assert _run(FakeService(), squad_file, out, "--styles", "short") == 0
+    path = out / "citations.json"
+    report = json.loads(path.read_text())
+    for row in report["results"]:  # as a run written before EM/F1 were kept
+        row.pop("exact_match")
+        row.pop("f1")
+    path.write_text(json.dumps(report))
+
+    assert citations.main(["report", str(path)]) == 0
+
+    rescored = json.loads(path.read_text())
+    answered = [r for r in rescored["results"] if r["answer"] is not None]
+    assert answered and all(r["f1"] is not None for r in answered)
+    expected_f1 = sum(r["f1"] for r in answered) / len(answered)
+    [short] = rescored["summary"]
+    assert short["f1"]["estimate"] == pytest.approx(expected_f1)
+    assert short["f1"]["n"] == len(answered)
+    assert "| EM | F1 |" in (out / "citations.md").read_text()
