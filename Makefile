@@ -16,7 +16,7 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export RAY_USAGE_STATS_ENABLED := 0
 
-.PHONY: setup install models models-qwen index browser run test lint unit integration reliability chaos bench bench-quick eval eval-quick stop clean
+.PHONY: setup install models models-qwen index browser run test lint unit integration reliability chaos bench bench-quick eval eval-quick eval-chat stop clean
 
 setup: install models index
 
@@ -122,6 +122,15 @@ eval: setup models-qwen
 	$(BIN)/python -m bench.quality prepare
 	$(BIN)/python -m bench.suite --plan eval-full --out bench-results/eval-full
 	$(BIN)/python -m bench.suite --plan eval-qwen --out bench-results/eval-qwen
+
+# Conversations and citations (about 35 minutes here): follow-up retrieval on 100 SQuAD
+# pairs (full / last / join / rewrite) and citation precision on 100 random SQuAD dev
+# questions in both answer styles; writes docs/results/conversation and .../citations.
+eval-chat: setup
+	$(BIN)/python -m bench.quality prepare
+	$(BIN)/python -m bench.conversation all --n 100 --seed 0 --out docs/results/conversation
+	$(BIN)/python -m bench.citations all --questions 100 --seed 0 --styles short explained \
+		--out docs/results/citations
 
 # Shuts the application down on the running Ray cluster. It never stops the cluster itself
 # (a `ray start` cluster is its owner's to stop); `serve run` stops its own with Ctrl-C.

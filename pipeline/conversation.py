@@ -43,8 +43,9 @@ def rewrite_messages(
 
 
 def read_rewrite(text: str, question: str) -> str | None:
-    """The rewritten question from the model's reply, or None when the reply is unusable
-    (empty, or far longer than a question)."""
+    """The rewritten question from the model's reply, or None when the reply is unusable:
+    empty, far longer than a question, or no question where one was asked (a small model
+    often answers instead of rewriting: SmolLM2-135M did on most SQuAD follow-ups)."""
     line = next((line.strip() for line in text.strip().splitlines() if line.strip()), "")
     lowered = line.lower()
     for preface in _PREFACES:
@@ -53,6 +54,8 @@ def read_rewrite(text: str, question: str) -> str | None:
             break
     line = line.strip("\"'`“”").strip()
     if not line or len(line) > _MAX_GROWTH * len(question) + 80:
+        return None
+    if question.rstrip().endswith("?") and not line.endswith("?"):
         return None
     return line
 
