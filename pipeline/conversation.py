@@ -19,11 +19,20 @@ _MAX_GROWTH = 4
 _PREFACES = ("standalone question:", "rewritten question:", "question:", "rewrite:")
 
 
+# The embedder reads a few hundred tokens (all-MiniLM-L6-v2: 256) and cuts the rest, so
+# the earlier turns are held to their last characters: the question itself, which comes
+# last, is never cut away by a long earlier turn.
+JOIN_EARLIER_MAX_CHARS = 600
+
+
 def join_question(history: Sequence[Turn], question: str, user_turns: int) -> str:
-    """The last `user_turns` earlier user messages and `question`, oldest first, one text."""
+    """The last `user_turns` earlier user messages and `question`, oldest first, one text;
+    the earlier part at most JOIN_EARLIER_MAX_CHARS long (its end kept)."""
     earlier = [turn.content.strip() for turn in history if turn.role == "user"]
-    recent = earlier[-user_turns:] if user_turns > 0 else []
-    return " ".join([*filter(None, recent), question])
+    recent = " ".join(filter(None, earlier[-user_turns:] if user_turns > 0 else []))
+    if len(recent) > JOIN_EARLIER_MAX_CHARS:
+        recent = recent[-JOIN_EARLIER_MAX_CHARS:].split(" ", 1)[-1]
+    return f"{recent} {question}" if recent else question
 
 
 def rewrite_messages(

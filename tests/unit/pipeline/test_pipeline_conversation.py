@@ -4,7 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from pipeline.conversation import join_question, read_rewrite, rewrite_messages
+from pipeline.conversation import (
+    JOIN_EARLIER_MAX_CHARS,
+    join_question,
+    read_rewrite,
+    rewrite_messages,
+)
 from pipeline.messages import Turn
 
 HISTORY = (
@@ -27,6 +32,14 @@ def test_join_takes_the_last_user_turns_oldest_first_then_the_question():
 def test_join_of_no_turns_is_the_question_alone():
     assert join_question(HISTORY, "Why?", 0) == "Why?"
     assert join_question((), "Why?", 2) == "Why?"
+
+
+def test_join_keeps_the_question_whole_and_only_the_end_of_long_earlier_turns():
+    long_turn = Turn("user", "word " * 400 + "the last words")
+    joined = join_question((long_turn,), "What is it?", 2)
+    assert joined.endswith(" the last words What is it?")
+    assert len(joined) <= JOIN_EARLIER_MAX_CHARS + len(" What is it?")
+    assert not joined.startswith(" ")
 
 
 def test_join_skips_assistant_turns_and_blank_user_turns():
