@@ -21,6 +21,7 @@ from pipeline.messages import (
     Retrieval,
     RetrievedChunk,
     StageTiming,
+    Turn,
 )
 from retrieval import preparation as preparation_module
 from retrieval.chunking import Chunk
@@ -28,7 +29,7 @@ from retrieval.cost_model import CompressionCostModel, CompressorCost, PrefillCo
 from retrieval.index import FaissIndex, IndexedChunk, IndexParams, Manifest
 from retrieval.llmlingua_compressor import LLMLinguaOptions
 from retrieval.preparation import LLMLinguaLoad, PromptPreparer, PromptTooLongError
-from retrieval.prompt import DEFAULT_SYSTEM_PROMPT, build_messages
+from retrieval.prompt import DEFAULT_SYSTEM_PROMPT, SHORT_ANSWER_SYSTEM_PROMPT, build_messages
 from retrieval.sentence_store import SentenceStore
 
 PROJECT_ROOT = Path(__file__).resolve().parents[3]
@@ -638,30 +639,38 @@ def test_llmlingua_load_defaults_to_float32_on_the_cpu():
 
 @pytest.mark.models
 @pytest.mark.skipif(not SERVING_MODEL.is_dir(), reason="run `make models` first")
-def test_default_system_prompt_fills_a_cpu_kv_block_and_is_a_stable_prefix():
+@pytest.mark.parametrize("style", ["explained", "short"])
+def test_each_default_system_prompt_fills_a_cpu_kv_block_and_is_a_stable_prefix(style):
     from transformers import AutoTokenizer
 
     from retrieval.tokens import ServingTokenizer
 
     hf = AutoTokenizer.from_pretrained(str(SERVING_MODEL))  # as ServingTokenizer.load does
     tokenizer = ServingTokenizer(hf)
-    preparer = PromptPreparer(tokenizer, {"explained": DEFAULT_SYSTEM_PROMPT}, max_model_len=2048)
+    prompts_by_style = {"explained": DEFAULT_SYSTEM_PROMPT, "short": SHORT_ANSWER_SYSTEM_PROMPT}
+    system_prompt = prompts_by_style[style]
+    preparer = PromptPreparer(tokenizer, prompts_by_style, max_model_len=2048)
 
-    assert preparer.system_prompt_tokens >= 128
+    assert preparer.system_prompt_tokens[style] >= 128
     system_only = hf.apply_chat_template(
-        [{"role": "system", "content": DEFAULT_SYSTEM_PROMPT}], tokenize=False
+        [{"role": "system", "content": system_prompt}], tokenize=False
     )
     system_ids = hf.encode(system_only, add_special_tokens=False)
     assert len(system_ids) >= 128
     chunk = retrieved("doc0#0", "doc0", "Doc 0", "Paged attention stores the KV cache in blocks.")
+    history = (Turn("user", "What is vLLM?"), Turn("assistant", "A serving engine."))
     prompts = []
-    for question in ("What is paged attention?", "Why does batching help throughput?"):
-        prepared = preparer.prepare(question, retrieval(chunk), CompressionPlan("none"), 128)
+    for conversation in (
+        Conversation("What is paged attention?", (), style),
+        Conversation("Why does batching help throughput?", history, style),
+    ):
+        prepared = preparer.prepare(conversation, retrieval(chunk), CompressionPlan("none"), 128)
         rendered = hf.apply_chat_template(
             prepared.messages, tokenize=False, add_generation_prompt=True
         )
         assert rendered.startswith(system_only)
         prompts.append(hf.encode(rendered, add_special_tokens=False))
+    # A follow-up's prompt opens with the same system tokens: the cached blocks are hit.
     assert prompts[0][: len(system_ids)] == prompts[1][: len(system_ids)] == system_ids
     assert prompts[0] != prompts[1]
     assert "<|im_end|>" in tokenizer.reserved_strings()
