@@ -43,7 +43,13 @@ from bench.labs import (
     require_loopback,
     squad_service,
 )
-from bench.outputs import label, positive_float, positive_int, write_json_and_markdown
+from bench.outputs import (
+    label,
+    positive_float,
+    positive_int,
+    with_client,
+    write_json_and_markdown,
+)
 from bench.quality import DEFAULT_INDEX_DIR, QualityError, check_ready
 from bench.service import ROOT
 from bench.squad import (
@@ -319,10 +325,9 @@ def _run(args: argparse.Namespace, url: str, client: httpx.Client | None) -> lis
         timeout_s=args.timeout_s,
         budget_s=args.budget_s,
     )
-    if client is not None:
-        return run_lab(settings, client, args.api_key)
-    with httpx.Client(base_url=url, timeout=args.timeout_s, trust_env=False) as own_client:
-        return run_lab(settings, own_client, args.api_key)
+    return with_client(
+        url, args.timeout_s, client, lambda http: run_lab(settings, http, args.api_key)
+    )
 
 
 if __name__ == "__main__":

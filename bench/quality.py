@@ -41,7 +41,13 @@ import httpx
 from pydantic import ValidationError
 
 from app.schemas import RagQueryResponse
-from bench.outputs import label, positive_float, positive_int, write_json_and_markdown
+from bench.outputs import (
+    label,
+    positive_float,
+    positive_int,
+    with_client,
+    write_json_and_markdown,
+)
 from bench.squad import (
     DEFAULT_CACHE_DIR,
     SQUAD_DEV_FILENAME,
@@ -772,11 +778,9 @@ def _main_run(args: argparse.Namespace, client: httpx.Client | None) -> int:
         squad_file=args.squad_file,
         answer_style=args.answer_style,
     )
-    if client is not None:
-        written = run_quality(settings, client, args.api_key)
-    else:
-        with httpx.Client(base_url=args.url, timeout=args.timeout_s) as own_client:
-            written = run_quality(settings, own_client, args.api_key)
+    written = with_client(
+        args.url, args.timeout_s, client, lambda http: run_quality(settings, http, args.api_key)
+    )
     for path in written:
         print(path)
     return 0
