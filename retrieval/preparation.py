@@ -7,8 +7,9 @@ budget), and tests and benchmarks construct it directly.
 
 from __future__ import annotations
 
+import itertools
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -139,10 +140,7 @@ class PromptPreparer:
                 break
             kept.append(Turn(turn.role, content))
             used += tokens
-        kept.reverse()
-        while kept and kept[0].role != "user":
-            kept.pop(0)
-        return tuple(kept)
+        return _from_first_user_turn(reversed(kept))
 
     def prepare(
         self,
@@ -277,7 +275,9 @@ class PromptPreparer:
 
 def _without_oldest_exchange(history: tuple[Turn, ...]) -> tuple[Turn, ...]:
     """`history` less its oldest turn, and any assistant turn that would then lead."""
-    rest = list(history[1:])
-    while rest and rest[0].role != "user":
-        rest.pop(0)
-    return tuple(rest)
+    return _from_first_user_turn(history[1:])
+
+
+def _from_first_user_turn(turns: Iterable[Turn]) -> tuple[Turn, ...]:
+    """`turns` from the first user turn on: a conversation never opens with an answer."""
+    return tuple(itertools.dropwhile(lambda turn: turn.role != "user", turns))
