@@ -25,6 +25,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from app import openai_format, rag_format
 from app.admission import BodySizeLimit, InFlightGate, KeyRateLimiter
 from app.config import RagAppConfig
+from app.error_metrics import ErrorCounter, ErrorSink
 from app.errors import (
     DEADLINE_PASSED,
     ERROR_RESPONSES,
@@ -79,6 +80,8 @@ class ApiState:
     rate_limiter: KeyRateLimiter | None = None
     # Serve's id for the current request (it honours an incoming x-request-id), if any.
     serve_request_id: Callable[[], str | None] = field(default=lambda: None)
+    # Told of every error response (status, OpenAI error code): the ingress's metrics.
+    count_error: ErrorSink = field(default=lambda status, code: None)
 
 
 def create_api(state: ApiState | None = None) -> FastAPI:
@@ -115,6 +118,9 @@ def create_api(state: ApiState | None = None) -> FastAPI:
         max_bytes=limit,
         render_error=lambda scope: error_body(payload_too_large(limit)),
     )
+    if state is not None:
+        # Outermost: it sees the errors of the two above as well as the handlers'.
+        api.add_middleware(ErrorCounter, sink=state.count_error)
     api.add_api_route("/healthz", _healthz, methods=["GET"])
     api.add_api_route("/readyz", _readyz, methods=["GET"], responses={503: ERROR_RESPONSES[503]})
     # The key is checked by RequestGuard before the body is read; this only declares it in

@@ -69,11 +69,12 @@ class RagIngress:
             report = readiness.report
             return report.checked_at is None or report.stages.get(stage) == "ready"
 
+        metrics = PipelineMetrics()
         pipeline = RagPipeline(
             HandleStages(retriever, compressor, generator, available),
             fallback=fallback,
             compressor_timeout_s=config.compression.timeout_s,
-            metrics=PipelineMetrics(),
+            metrics=metrics,
             conversation=config.conversation.to_settings(),
             attribution_timeout_s=config.citations.timeout_s,
         )
@@ -87,6 +88,7 @@ class RagIngress:
             gate=InFlightGate(config.in_flight_limit()),
             rate_limiter=KeyRateLimiter(limit.requests_per_s, limit.burst) if limit else None,
             serve_request_id=_serve_request_id,
+            count_error=metrics.observe_error,
         )
         logger.info(
             "ingress ready (auth %s, %d requests in flight at most)",

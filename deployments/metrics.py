@@ -42,6 +42,16 @@ class PipelineMetrics:
         self._completed = metrics.Counter(
             "rag_requests_completed", description="Requests answered in full."
         )
+        self._context_tokens = metrics.Counter(
+            "rag_context_tokens",
+            description="Retrieved-context tokens before and after compression.",
+            tag_keys=("phase",),
+        )
+        self._errors = metrics.Counter(
+            "rag_request_errors",
+            description="Error responses sent, by HTTP status and OpenAI error code.",
+            tag_keys=("status", "code"),
+        )
         self._degraded = metrics.Counter(
             "rag_requests_degraded",
             description="Requests answered with the uncompressed context against their plan.",
@@ -70,6 +80,12 @@ class PipelineMetrics:
                 prepared.context_tokens_after / prepared.context_tokens_before,
                 tags={"method": prepared.method},
             )
+        for phase, tokens in (
+            ("before", prepared.context_tokens_before),
+            ("after", prepared.context_tokens_after),
+        ):
+            if tokens:
+                self._context_tokens.inc(tokens, tags={"phase": phase})
         if prepared.degraded:
             self._degraded.inc(tags={"reason": prepared.degraded})
         # Ray counters reject increments of zero.
@@ -79,3 +95,6 @@ class PipelineMetrics:
         if usage.cached_tokens:
             self._cached_tokens.inc(usage.cached_tokens)
         self._completed.inc()
+
+    def observe_error(self, status: int, code: str) -> None:
+        self._errors.inc(tags={"status": str(status), "code": code})

@@ -6,7 +6,7 @@ Imported by conftest.py (fixtures) and by tests that subclass FakeStages or keep
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -157,6 +157,7 @@ def make_state(
     rate_limiter: KeyRateLimiter | None = None,
     fallback: Any = None,
     compressor_timeout_s: float | None = None,
+    count_error: Callable[[int, str], None] | None = None,
 ) -> ApiState:
     return ApiState(
         pipeline=RagPipeline(
@@ -168,4 +169,5 @@ def make_state(
         started_at=1_700_000_000,
         gate=InFlightGate(in_flight_limit),
         rate_limiter=rate_limiter,
+        count_error=count_error or (lambda status, code: None),
     )
