@@ -11,6 +11,9 @@ from typing import Any, Literal
 logger = logging.getLogger(__name__)
 
 ScorerDType = Literal["float32", "bfloat16"]
+# llmlingua 0.2.2's LLMLingua-2 path picks its token-to-word rules by a substring of the
+# model's name and raises NotImplementedError, on every call, for any other name.
+LLMLINGUA2_MODEL_FAMILIES = ("xlm-roberta-large", "bert-base-multilingual-cased")
 
 
 @dataclass(frozen=True)
@@ -52,7 +55,17 @@ class LLMLinguaCompressor:
         dtype: ScorerDType = "float32",
         tiktoken_cache_dir: str | None = None,
     ) -> LLMLinguaCompressor:
-        """Load the scorer model. `tiktoken_cache_dir` must hold cl100k_base when offline."""
+        """Load the scorer model. `tiktoken_cache_dir` must hold cl100k_base when offline.
+
+        ValueError, before anything loads, when LLMLingua-2 is asked for with a model whose
+        name lacks one of `LLMLINGUA2_MODEL_FAMILIES` (it would load, then fail every call).
+        """
+        if options.use_llmlingua2 and not any(f in model_path for f in LLMLINGUA2_MODEL_FAMILIES):
+            raise ValueError(
+                f"LLMLingua-2 model {model_path!r}: llmlingua 0.2.2 supports only models whose "
+                f"name contains {' or '.join(map(repr, LLMLINGUA2_MODEL_FAMILIES))}; keep that "
+                "in the folder name of a local copy"
+            )
         if tiktoken_cache_dir:
             # PromptCompressor's constructor asks tiktoken for cl100k_base; point it at the
             # prepared offline copy instead of the network.
