@@ -10,13 +10,14 @@ INSTALLED := $(VENV)/.installed
 MODELS    := .models/smollm2-135m-instruct/config.json
 INDEX     := indexes/default/manifest.json
 CHROMIUM  := /usr/bin/chromium
+PROMETHEUS := /usr/bin/prometheus
 CORPUS    := $(shell find data/corpus -type f)
 
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export RAY_USAGE_STATS_ENABLED := 0
 
-.PHONY: setup install models models-qwen models-qwen15 index browser run test lint unit integration reliability chaos bench bench-quick eval eval-quick eval-chat stop clean
+.PHONY: setup install models models-qwen models-qwen15 index browser prometheus monitor dashboard kuberay-manifest gpu-costs gpu-smoke run test lint unit integration reliability chaos bench bench-quick eval eval-quick eval-chat stop clean
 
 setup: install models index
 
@@ -67,6 +68,43 @@ $(CHROMIUM):
 	apt-get update
 	DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends chromium
 
+# Debian's Prometheus for `make monitor` and the dashboard test (it starts no service).
+prometheus: $(PROMETHEUS)
+
+$(PROMETHEUS):
+	@if [ "$$(id -u)" != 0 ]; then \
+		echo "The monitoring test needs Debian's 'prometheus' package at $(PROMETHEUS)." >&2; \
+		echo "Install it as root: apt-get update && apt-get install -y --no-install-recommends prometheus" >&2; \
+		exit 1; \
+	fi
+	apt-get update
+	DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends prometheus
+
+# Prometheus on 127.0.0.1:9090 scraping the running service's Ray metrics export (start the
+# service with RAY_PROMETHEUS_HOST=http://127.0.0.1:9090 for Ray's dashboard to use it).
+monitor: install prometheus
+	$(BIN)/python -m monitoring.prometheus
+
+# The Grafana dashboard (monitoring/grafana/), regenerated from monitoring/dashboard.py.
+dashboard: install
+	$(BIN)/python -m monitoring.dashboard
+
+# The KubeRay RayService of the GPU profile (deploy/kuberay/rayservice.yaml), regenerated from
+# serve_config.gpu.yaml; the unit tests fail while it is stale. docs/deploy-kuberay.md
+kuberay-manifest: install
+	$(BIN)/python -m scripts.kuberay_manifest
+
+# The GPU profile's predicted compression cost model (serve_config.gpu.yaml holds its output).
+gpu-costs: install
+	$(BIN)/python -m bench.compression_costs --model llama-3-8b --gpu l4 --quantization awq \
+		--scorer xlm-roberta-large --scorer-dtype float32 --rate 0.5
+
+# GPU machine only (gpu extra, NVIDIA GPU, model hub): start serve_config.gpu.yaml, probe it,
+# stop it. docs/gpu-profile.md
+gpu-smoke:
+	HF_HUB_OFFLINE=0 TRANSFORMERS_OFFLINE=0 $(BIN)/python -m scripts.gpu_smoke \
+		--index-path indexes/default --out bench-results/gpu-smoke.json
+
 run: setup
 	$(BIN)/serve run serve_config.yaml
 
@@ -78,12 +116,12 @@ lint: install
 unit: install
 	$(BIN)/pytest tests/unit -m "not models"
 
-integration: setup browser
+integration: setup browser prometheus
 	$(BIN)/pytest tests/integration
 
 # Unit, integration and the fast reliability tests (overload, replica kills, fuzzing), each
 # test module starting the real app once.
-test: setup lint browser
+test: setup lint browser prometheus
 	$(BIN)/pytest tests
 
 reliability: setup
