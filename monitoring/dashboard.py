@@ -1,0 +1,176 @@
+"""The RAG service's Grafana dashboard, built with grafana-foundation-sdk from monitoring.panels.
+
+`python -m monitoring.dashboard` writes monitoring/grafana/rag_serve_grafana_dashboard.json
+(`--check` fails when the committed file is stale). It follows Ray's dashboard files
+(ray/dashboard/modules/metrics/dashboards/*_grafana_dashboard_base.json): a hidden
+`datasource` variable of type prometheus that every panel and query uses, a `SessionName`
+filter on every query, an `Application` variable from Serve's replica metric, and the
+`rayVersion:` tag, so the file can sit beside the dashboards Ray writes into
+`session_latest/metrics/grafana/dashboards/` and be provisioned or imported with them.
+
+`panel_queries` gives every panel's PromQL with the Grafana variables substituted, for a
+direct Prometheus query (the integration test and monitoring.render).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import ray
+from grafana_foundation_sdk.builders import dashboard as gd
+from grafana_foundation_sdk.builders import prometheus, timeseries
+from grafana_foundation_sdk.cog.encoder import JSONEncoder
+from grafana_foundation_sdk.models import dashboard as gm
+
+from monitoring.panels import ROWS, PanelSpec
+
+ROOT = Path(__file__).resolve().parent.parent
+OUTPUT = ROOT / "monitoring" / "grafana" / "rag_serve_grafana_dashboard.json"
+UID = "ragServeDashboard"
+DATASOURCE = gm.DataSourceRef(type_val="prometheus", uid="${datasource}")
+PANEL_WIDTH = 12  # two panels per row of Grafana's 24-column grid
+PANEL_HEIGHT = 8
+
+
+@dataclass(frozen=True)
+class PanelQuery:
+    title: str
+    ref_id: str
+    expr: str
+    optional_reason: str | None
+
+
+def build_dashboard() -> dict[str, Any]:
+    """The dashboard as Grafana's JSON model (a plain dict)."""
+    builder = (
+        gd.Dashboard("RAG Serve")
+        .uid(UID)
+        .description(
+            "Per-stage figures of the RAG service (retrieve, compress, generate) from Ray's "
+            "metrics export: requests, errors, latency, TTFT/TPOT, compression, prefix cache, "
+            "queues, replicas."
+        )
+        .tags(["rag", "serve", f"rayVersion:{ray.__version__}"])
+        .time("now-30m", "now")
+        .refresh("10s")
+        .tooltip(gm.DashboardCursorSync.CROSSHAIR)
+        .with_variable(
+            gd.DatasourceVariable("datasource")
+            .label("Data source")
+            .type("prometheus")
+            .hide(gm.VariableHide.HIDE_VARIABLE)
+        )
+        .with_variable(_label_variable("SessionName", "ray_serve_deployment_replica_healthy"))
+        .with_variable(_label_variable("Application", "ray_serve_deployment_replica_healthy"))
+    )
+    for row in ROWS:
+        builder = builder.with_row(gd.Row(row.title))
+        for spec in row.panels:
+            builder = builder.with_panel(_panel(spec))
+    model = json.loads(json.dumps(builder.build(), cls=JSONEncoder, sort_keys=True))
+    model["rayMeta"] = ["supportsGlobalFilterOverride"]
+    return model
+
+
+def _label_variable(name: str, metric: str) -> gd.QueryVariable:
+    query = f"label_values({metric}, {name if name != 'Application' else 'application'})"
+    return (
+        gd.QueryVariable(name)
+        .label(name)
+        .datasource(DATASOURCE)
+        .query({"query": query, "refId": f"{name}-variable"})
+        .refresh(gm.VariableRefresh.ON_TIME_RANGE_CHANGED)
+        .multi(True)
+        .include_all(True)
+        .all_value(".+")
+    )
+
+
+def _panel(spec: PanelSpec) -> timeseries.Panel:
+    panel = (
+        timeseries.Panel()
+        .title(spec.title)
+        .description(
+            spec.description
+            + (f" May be empty: {spec.optional_reason}." if spec.optional_reason else "")
+        )
+        .datasource(DATASOURCE)
+        .unit(spec.unit)
+        .span(PANEL_WIDTH)
+        .height(PANEL_HEIGHT)
+    )
+    for index, line in enumerate(spec.lines):
+        panel = panel.with_target(
+            prometheus.Dataquery()
+            .expr(line.expr)
+            .legend_format(line.legend)
+            .ref_id(chr(ord("A") + index))
+            .datasource(DATASOURCE)
+        )
+    return panel
+
+
+def panels(model: dict[str, Any]) -> list[dict[str, Any]]:
+    """The model's panels, rows left out."""
+    return [panel for panel in model["panels"] if panel.get("type") != "row"]
+
+
+def panel_queries(model: dict[str, Any], rate_interval: str = "1m") -> list[PanelQuery]:
+    """Every target of every panel, ready for Prometheus's /api/v1/query: all sessions and
+    applications, `$__rate_interval` and `$__interval` as `rate_interval`."""
+    optional = {spec.title: spec.optional_reason for row in ROWS for spec in row.panels}
+    queries = []
+    for panel in panels(model):
+        for target in panel["targets"]:
+            expr = substitute(target["expr"], rate_interval)
+            queries.append(
+                PanelQuery(panel["title"], target["refId"], expr, optional.get(panel["title"]))
+            )
+    return queries
+
+
+def substitute(expr: str, rate_interval: str) -> str:
+    expr = expr.replace("$__rate_interval", rate_interval).replace("$__interval", rate_interval)
+    expr = re.sub(r"\$\{?(SessionName|Application)\}?", ".+", expr)
+    if "$" in expr:
+        raise ValueError(f"unsubstituted variable in {expr!r}")
+    return expr
+
+
+METRIC_NAME = re.compile(r"\b(ray_[a-zA-Z0-9_]+)\b")
+
+
+def metric_names(expr: str) -> set[str]:
+    """The Ray-exported metric names an expression reads."""
+    return set(METRIC_NAME.findall(expr))
+
+
+def render_json(model: dict[str, Any]) -> str:
+    return json.dumps(model, indent=2, sort_keys=True) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--check", action="store_true", help="fail if the file is stale")
+    parser.add_argument("--output", type=Path, default=OUTPUT)
+    args = parser.parse_args(argv)
+    text = render_json(build_dashboard())
+    if args.check:
+        if not args.output.exists() or args.output.read_text() != text:
+            print(f"{args.output} is stale: run python -m monitoring.dashboard", file=sys.stderr)
+            return 1
+        return 0
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    args.output.write_text(text)
+    print(f"wrote {args.output}: {len(panels(build_dashboard()))} panels")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
