@@ -1,0 +1,201 @@
+"""The dashboard against real data: the real service, scraped by a real Prometheus.
+
+The module starts the application (`serve run`, its Ray instance in a temp dir of its own so
+the discovery file is this session's) and Debian's Prometheus with monitoring/prometheus.yml
+pointed at it, sends traffic of every kind the panels show (answers, streams, compression
+methods, errors), waits for the scrapes, and runs every panel's PromQL through Prometheus's
+HTTP API: each must return data. MONITORING_SCREENSHOT=path renders the panels from the same
+queries into a PNG (the docs' picture).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+import yaml
+
+from bench.service import ServiceError, free_port, running_server, running_service
+from monitoring import dashboard
+from monitoring.prometheus import config_for, prometheus_argv
+
+pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parents[2]
+API_KEY = "monitoring-test-key-0123456789"
+SCRAPE_S = 2.0
+# Ray's workers report to their node's metrics agent every 10 s by default.
+EXPORT_WAIT_S = 25.0
+RATE_WINDOW = "3m"
+PROMETHEUS = shutil.which("prometheus")
+# Counted only when it happens (a request answered against its plan); its panel line shows 0.
+EVENT_ONLY = {"ray_rag_requests_degraded_total"}
+
+
+@dataclass(frozen=True)
+class Monitored:
+    service_url: str
+    prometheus_url: str
+
+
+@pytest.fixture(scope="module")
+def monitored(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Monitored]:
+    if PROMETHEUS is None:
+        pytest.fail("Debian's prometheus package is needed: make prometheus (as root)")
+    workdir = tmp_path_factory.mktemp("monitoring")
+    config = yaml.safe_load((ROOT / "serve_config.yaml").read_text())
+    port = free_port()
+    config["http_options"]["port"] = port
+    config_path = workdir / "serve_config.yaml"
+    config_path.write_text(yaml.safe_dump(config))
+    # Short: Ray's socket paths live under it and must stay under 108 bytes.
+    ray_tmp = Path(tempfile.mkdtemp(prefix="rm", dir="/tmp"))
+    prometheus_config = workdir / "prometheus.yml"
+    prometheus_config.write_text(yaml.safe_dump(config_for(ray_tmp / "ray", SCRAPE_S)))
+    prometheus_port = free_port()
+    prometheus_url = f"http://127.0.0.1:{prometheus_port}"
+    env = {"RAG_API_KEYS": API_KEY, "RAY_TMPDIR": str(ray_tmp)}
+    try:
+        with (
+            running_service(config_path, port, workdir / "serve.log", env) as url,
+            running_server(
+                prometheus_argv(PROMETHEUS, prometheus_config, workdir / "data", prometheus_port),
+                f"{prometheus_url}/-/ready",
+                workdir / "prometheus.log",
+                env=dict(os.environ),
+                name="prometheus",
+                ready_timeout_s=60,
+                poll_s=1,
+            ),
+        ):
+            yield Monitored(url, prometheus_url)
+    except ServiceError as exc:
+        pytest.fail(str(exc))
+    finally:
+        shutil.rmtree(ray_tmp, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def traffic(monitored: Monitored) -> None:
+    """Two rounds of requests with scrapes between them, so every rate() sees an increase."""
+    headers = {"Authorization": f"Bearer {API_KEY}"}
+    with httpx.Client(base_url=monitored.service_url, headers=headers, timeout=300) as client:
+        for round_ in range(2):
+            for method in ("none", "sentences", "llmlingua"):
+                response = client.post(
+                    "/v1/rag/query",
+                    json={
+                        "question": f"How does prefix caching lower TTFT? ({round_})",
+                        "max_tokens": 12,
+                        "compression": {"method": method},
+                    },
+                )
+                assert response.status_code == 200, response.text
+            with client.stream(
+                "POST",
+                "/v1/chat/completions",
+                json={
+                    "model": "smollm2-135m-instruct",
+                    "messages": [{"role": "user", "content": "What does the retriever do?"}],
+                    "max_tokens": 12,
+                    "stream": True,
+                },
+            ) as stream:
+                assert stream.status_code == 200
+                stream.read()
+            # Errors of three kinds: bad input, no key, unknown route.
+            assert client.post("/v1/rag/query", json={"nope": 1}).status_code == 400
+            no_key = httpx.post(f"{monitored.service_url}/v1/rag/query", json={"question": "Q?"})
+            assert no_key.status_code == 401
+            assert client.get("/v1/nowhere").status_code == 404
+            time.sleep(EXPORT_WAIT_S)
+    _wait_for(monitored.prometheus_url, "ray_rag_request_errors_total", minimum=6)
+
+
+def _query(prometheus_url: str, expr: str) -> list[dict]:
+    response = httpx.get(f"{prometheus_url}/api/v1/query", params={"query": expr}, timeout=30)
+    body = response.json()
+    assert body.get("status") == "success", f"{expr}: {body}"
+    return list(body["data"]["result"])
+
+
+def _wait_for(prometheus_url: str, metric: str, minimum: float, timeout_s: float = 90) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        result = _query(prometheus_url, f"sum({metric})")
+        if result and float(result[0]["value"][1]) >= minimum:
+            return
+        time.sleep(SCRAPE_S)
+    pytest.fail(f"Prometheus never saw sum({metric}) >= {minimum}")
+
+
+def test_prometheus_scrapes_every_metrics_agent_of_the_session(monitored, traffic):
+    targets = httpx.get(f"{monitored.prometheus_url}/api/v1/targets", timeout=30).json()
+    active = targets["data"]["activeTargets"]
+    assert active, "no scrape target discovered"
+    assert {target["health"] for target in active} == {"up"}, active
+
+
+PANEL_QUERIES = dashboard.panel_queries(dashboard.build_dashboard(), rate_interval=RATE_WINDOW)
+
+
+@pytest.mark.parametrize(
+    "panel", PANEL_QUERIES, ids=[f"{q.title}:{q.ref_id}" for q in PANEL_QUERIES]
+)
+def test_every_panel_query_returns_data(monitored, traffic, panel):
+    result = _query(monitored.prometheus_url, panel.expr)
+    values = [float(series["value"][1]) for series in result]
+    finite = [value for value in values if math.isfinite(value)]
+    if panel.optional_reason and not finite:
+        pytest.skip(f"{panel.title}: {panel.optional_reason}")
+    assert result, f"{panel.title} [{panel.ref_id}] returned no series: {panel.expr}"
+    assert finite, f"{panel.title} [{panel.ref_id}] returned only NaN: {panel.expr} -> {values}"
+
+
+def test_every_metric_a_panel_reads_has_series(monitored, traffic):
+    """Stronger than data per query (a panel line may end in `or vector(0)`): each metric
+    named by a non-optional panel exists in this scrape."""
+    names = {
+        name
+        for query in PANEL_QUERIES
+        if not query.optional_reason
+        for name in dashboard.metric_names(query.expr)
+    }
+    names -= EVENT_ONLY
+    missing = sorted(
+        name for name in names if not _query(monitored.prometheus_url, f"count({name})")
+    )
+    assert not missing, f"no series in Prometheus for {missing}"
+
+
+def test_error_panel_counts_errors_by_status_and_code(monitored, traffic):
+    result = _query(
+        monitored.prometheus_url, "sum by (status, code) (ray_rag_request_errors_total)"
+    )
+    seen = {(s["metric"]["status"], s["metric"]["code"]): float(s["value"][1]) for s in result}
+    bad_input = sum(count for (status, _), count in seen.items() if status == "400")
+    assert bad_input >= 2, seen
+    assert seen.get(("401", "invalid_api_key"), 0) >= 2, seen
+    assert seen.get(("404", "not_found_error"), 0) >= 2, seen
+
+
+def test_context_tokens_before_exceed_after(monitored, traffic):
+    result = _query(monitored.prometheus_url, "sum by (phase) (ray_rag_context_tokens_total)")
+    tokens = {series["metric"]["phase"]: float(series["value"][1]) for series in result}
+    assert tokens["before"] > tokens["after"] > 0
+
+
+def test_panels_render_from_the_same_queries(monitored, traffic, tmp_path):
+    from monitoring import render
+
+    out = Path(os.environ.get("MONITORING_SCREENSHOT") or tmp_path / "panels.png")
+    render.main(["--prometheus", monitored.prometheus_url, "--minutes", "5", "--out", str(out)])
+    assert out.stat().st_size > 10_000
