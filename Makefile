@@ -55,30 +55,30 @@ index: $(INDEX)
 $(INDEX): $(CORPUS) | $(INSTALLED)
 	$(BIN)/python -m retrieval.build --input data/corpus --output indexes/default --quiet
 
+# $(call debian_package,PACKAGE,WHO) installs Debian's PACKAGE for the target $@ as root;
+# as another user it says who needs what and how to install it, and fails.
+define debian_package
+@if [ "$$(id -u)" != 0 ]; then \
+	echo "$(2) need Debian's '$(1)' package at $@." >&2; \
+	echo "Install it as root: apt-get update && apt-get install -y --no-install-recommends $(1)" >&2; \
+	exit 1; \
+fi
+apt-get update
+DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends $(1)
+endef
+
 # Debian's Chromium for the browser tests: Playwright (in the lock) drives it and downloads
 # no browser of its own. Installed only when missing; that needs root.
 browser: $(CHROMIUM)
 
 $(CHROMIUM):
-	@if [ "$$(id -u)" != 0 ]; then \
-		echo "The browser tests need Debian's 'chromium' package at $(CHROMIUM)." >&2; \
-		echo "Install it as root: apt-get update && apt-get install -y --no-install-recommends chromium" >&2; \
-		exit 1; \
-	fi
-	apt-get update
-	DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends chromium
+	$(call debian_package,chromium,The browser tests)
 
 # Debian's Prometheus for `make monitor` and the dashboard test (it starts no service).
 prometheus: $(PROMETHEUS)
 
 $(PROMETHEUS):
-	@if [ "$$(id -u)" != 0 ]; then \
-		echo "The monitoring test needs Debian's 'prometheus' package at $(PROMETHEUS)." >&2; \
-		echo "Install it as root: apt-get update && apt-get install -y --no-install-recommends prometheus" >&2; \
-		exit 1; \
-	fi
-	apt-get update
-	DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends prometheus
+	$(call debian_package,prometheus,The monitoring tests)
 
 # Prometheus on 127.0.0.1:9090 scraping the running service's Ray metrics export (start the
 # service with RAY_PROMETHEUS_HOST=http://127.0.0.1:9090 for Ray's dashboard to use it).
