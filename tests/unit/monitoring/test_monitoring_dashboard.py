@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from monitoring import dashboard, render
@@ -83,8 +85,20 @@ def test_every_query_reads_only_known_metrics(model):
 
 
 def test_an_unknown_metric_is_caught():
-    spec = PanelSpec("x", "x", "short", (Line("sum(ray_rag_no_such_metric_total)", "x"),))
+    spec = PanelSpec("x", "x", "short", (Line('sum(ray_rag_no_such_metric_total{a="b"})', "x"),))
     assert dashboard.metric_names(spec.lines[0].expr) - KNOWN == {"ray_rag_no_such_metric_total"}
+
+
+def test_a_metric_without_rays_prefix_is_caught():
+    expr = 'histogram_quantile(0.5, sum by (le) (rate(rag_stage_latency_ms_bucket{a="b"}[1m])))'
+    assert dashboard.metric_names(expr) - KNOWN == {"rag_stage_latency_ms_bucket"}
+
+
+def test_every_selector_of_every_panel_has_a_label_matcher(model):
+    """What metric_names relies on: a bare name would escape the known-metric test."""
+    for query in dashboard.panel_queries(model):
+        bare = re.findall(r"\(([a-zA-Z_:][a-zA-Z0-9_:]*)\[", query.expr)
+        assert not bare, f"{query.title}: {bare}"
 
 
 def test_panel_queries_substitute_every_variable(model):
