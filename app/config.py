@@ -288,6 +288,40 @@ class PacedEngineConfig(StrictModel):
     tpot_ms: float = Field(5.0, ge=0, description="Time between later tokens.")
 
 
+class OpenAIEngineConfig(StrictModel):
+    """An OpenAI-compatible server outside Ray as the generator (TGI, TensorRT-LLM's OpenAI
+    frontend, SGLang, a vLLM fleet). Its API key, if it needs one, comes from the
+    environment (RAG_GENERATOR_API_KEY, app.settings), never from this file."""
+
+    base_url: str = Field(
+        ...,
+        pattern=r"^https?://",
+        description="The server's base URL up to and including /v1, e.g. "
+        "http://vllm.internal:8000/v1.",
+    )
+    model: str | None = Field(
+        None, description="The model's name on that server; unset: generator.model_id."
+    )
+    tokenizer: str | None = Field(
+        None,
+        description="Local folder (or 'python-package:<module>') holding the served model's "
+        "tokenizer and chat template: token budgets and prompt-token counts use it. Unset: "
+        "generator.model_source.",
+    )
+    connect_timeout_s: float = Field(
+        5.0, gt=0, description="Longest wait to connect; past it the request gets a 503."
+    )
+    read_timeout_s: float = Field(
+        60.0,
+        gt=0,
+        description="Longest wait for the next streamed chunk, the first included (the "
+        "server's queue and prefill); past it the request gets a 504.",
+    )
+    max_connections: int = Field(
+        64, ge=1, description="Connections each generator replica keeps open to the server."
+    )
+
+
 class RequestRouterConfig(StrictModel):
     kind: Literal["power_of_two", "prefix_cache_affinity"] = Field(
         "power_of_two",
@@ -308,8 +342,13 @@ class RequestRouterConfig(StrictModel):
 
 
 class GeneratorConfig(StrictModel):
-    engine: Literal["vllm", "paced"] = Field(
-        "vllm", description="vllm, or `paced`: the null engine of bench.overhead."
+    engine: Literal["vllm", "openai", "paced"] = Field(
+        "vllm",
+        description="vllm (inside Ray, Ray Serve LLM); openai: an OpenAI-compatible server "
+        "outside Ray (see `openai`); paced: the null engine of bench.overhead.",
+    )
+    openai: OpenAIEngineConfig | None = Field(
+        None, description="The external server, for engine: openai."
     )
     paced: PacedEngineConfig = PacedEngineConfig()
     stream_batching_interval_ms: float = Field(
@@ -330,7 +369,12 @@ class GeneratorConfig(StrictModel):
     model_source: str = Field(
         ".models/smollm2-135m-instruct", description="Local model folder or hub id for vLLM."
     )
-    max_model_len: int = Field(2048, ge=256, description="Context window vLLM allocates.")
+    max_model_len: int = Field(
+        2048,
+        ge=256,
+        description="Context window vLLM allocates (engine: openai: the external server's "
+        "window, which the token budget must not exceed).",
+    )
     engine_kwargs: dict[str, Any] = Field(
         default_factory=dict,
         description="Passed to vLLM as engine arguments (enable_prefix_caching, quantization, "
@@ -360,6 +404,13 @@ class GeneratorConfig(StrictModel):
                 "replicas hold placement groups (Ray Serve refuses both); spread generator "
                 "replicas by their bundles' resources instead"
             )
+        if self.engine == "openai" and self.openai is None:
+            raise ValueError("generator.engine 'openai' needs generator.openai.base_url")
+        if self.engine != "vllm" and self.request_router.kind != "power_of_two":
+            raise ValueError(
+                "generator.request_router.kind prefix_cache_affinity needs engine 'vllm' "
+                "(Ray Serve LLM's router reads its replicas' prefix trees)"
+            )
         if "max_model_len" in self.engine_kwargs:
             raise ValueError("set generator.max_model_len, not engine_kwargs.max_model_len")
         if self.max_tokens_limit >= self.max_model_len:
@@ -367,6 +418,19 @@ class GeneratorConfig(StrictModel):
         if self.default_max_tokens > self.max_tokens_limit:
             raise ValueError("default_max_tokens must not exceed max_tokens_limit")
         return self
+
+    def tokenizer_source(self) -> str:
+        """Where the served model's tokenizer is: the model folder, or for an external
+        server the folder named by `openai.tokenizer` when set."""
+        if self.engine == "openai" and self.openai is not None and self.openai.tokenizer:
+            return self.openai.tokenizer
+        return self.model_source
+
+    def served_model_name(self) -> str:
+        """The model's name on the engine (for an external server, `openai.model`)."""
+        if self.engine == "openai" and self.openai is not None and self.openai.model:
+            return self.openai.model
+        return self.model_id
 
 
 class PromptConfig(StrictModel):

@@ -3,6 +3,9 @@
 RAG_ENV       development (default) or production. Production refuses to start without keys.
 RAG_API_KEYS  comma-separated API keys; when set, every /v1 request needs
               `Authorization: Bearer <key>`. Health probes stay open.
+RAG_GENERATOR_API_KEY
+              the key the generator sends to an external OpenAI-compatible server
+              (generator.engine: openai), when that server asks for one.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ class UnsafeSettingsError(RuntimeError):
 class Settings:
     environment: Literal["development", "production"]
     api_keys: tuple[str, ...]
+    generator_api_key: str | None = None
 
     @property
     def auth_required(self) -> bool:
@@ -38,4 +42,9 @@ def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
         raise UnsafeSettingsError("RAG_ENV=production requires RAG_API_KEYS")
     if any(len(key) < 16 for key in keys) and environment == "production":
         raise UnsafeSettingsError("API keys must be at least 16 characters in production")
-    return Settings(environment=environment, api_keys=keys)  # type: ignore[arg-type]
+    generator_key = environ.get("RAG_GENERATOR_API_KEY", "").strip() or None
+    return Settings(
+        environment=environment,  # type: ignore[arg-type]
+        api_keys=keys,
+        generator_api_key=generator_key,
+    )

@@ -83,14 +83,16 @@ def deployment_options(replica: ReplicaConfig, retry_after_s: float = 1.0) -> di
 
 
 def build_generator(generator: GeneratorConfig, retry_after_s: float = 1.0) -> Application:
-    if generator.engine == "paced":
-        from deployments.paced_generator import PacedGeneratorDeployment
+    """vLLM inside Ray (Ray Serve LLM's LLMServer), or a plain deployment around an engine
+    elsewhere (an OpenAI-compatible server) or the null engine."""
+    if generator.engine != "vllm":
+        from deployments.engine_generator import EngineGeneratorDeployment
 
         return serve.deployment(
-            PacedGeneratorDeployment,
+            EngineGeneratorDeployment,
             name="Generator",
             **deployment_options(generator.deployment, retry_after_s),
-        ).bind(generator.paced, generator.stream_batching_interval_ms)
+        ).bind(generator)
 
     from ray.serve.llm import LLMConfig, build_llm_deployment
 

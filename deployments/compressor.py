@@ -41,7 +41,7 @@ class CompressorDeployment:
         compression, generator = config.compression, config.generator
         torch.set_num_threads(compression.llmlingua.torch_threads)
         self._preparer = PromptPreparer.load(
-            resolve_model_reference(generator.model_source, PROJECT_ROOT),
+            resolve_model_reference(generator.tokenizer_source(), PROJECT_ROOT),
             config.prompt.system_prompts(),
             generator.max_model_len,
             margin_tokens=config.prompt.margin_tokens,

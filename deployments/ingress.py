@@ -50,7 +50,7 @@ class RagIngress:
     ) -> None:
         settings = load_settings()
         fallback = PromptPreparer.load(
-            resolve_model_reference(config.generator.model_source, PROJECT_ROOT),
+            resolve_model_reference(config.generator.tokenizer_source(), PROJECT_ROOT),
             config.prompt.system_prompts(),
             config.generator.max_model_len,
             margin_tokens=config.prompt.margin_tokens,

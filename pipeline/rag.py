@@ -414,8 +414,9 @@ def _unwrap(value: T | StageError) -> T:
 
 
 def _refusal(error: StageError) -> Exception:
-    """A generation error before the first token: a dead engine is a retryable 503; any
-    other server-side failure a 502; the request's own fault keeps its status."""
+    """A generation error before the first token: a dead engine is a retryable 503, an
+    engine that stopped answering a 504; any other server-side failure a 502; the request's
+    own fault keeps its status."""
     if error.status == 503:
         return StageUnavailable("generator", "unavailable", error.message)
     return RequestRefused(_public(error))
@@ -428,6 +429,8 @@ def _public(error: StageError) -> StageError:
         return StageError(
             503, f"{error.message}; retry the request", "service_unavailable", code=error.code
         )
+    if error.status == 504:
+        return StageError(504, "the generator did not answer in time", "timeout", code="timeout")
     if error.status >= 500:
         return StageError(502, "the generator failed", "server_error", code="generation_failed")
     return error

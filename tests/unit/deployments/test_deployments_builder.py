@@ -219,7 +219,7 @@ def test_ray_serve_llm_accepts_the_prefix_cache_affinity_router(llm_config_class
     assert router["request_router_kwargs"]["imbalanced_threshold"] == 8
 
 
-# --- the paced generator and the whole application -------------------------------------------
+# --- the engines outside Ray Serve LLM and the whole application ------------------------------
 
 
 def test_the_paced_engine_is_a_plain_deployment_named_generator():
@@ -233,17 +233,34 @@ def test_the_paced_engine_is_a_plain_deployment_named_generator():
     app = build_generator(generator, retry_after_s=2.5)
 
     deployment = app._bound_deployment
-    from deployments.paced_generator import PacedGeneratorDeployment
+    from deployments.engine_generator import EngineGeneratorDeployment
 
     assert deployment.name == "Generator"
-    assert deployment.func_or_class is PacedGeneratorDeployment
-    assert deployment.init_args == (generator.paced, 5)
+    assert deployment.func_or_class is EngineGeneratorDeployment
+    assert deployment.init_args == (generator,)
     assert deployment.num_replicas == 2
     assert deployment.max_ongoing_requests == 9
     config = deployment._deployment_config
     assert config.backpressure_config.retry_after_s == 2.5
     assert config.backpressure_config.status_code == 503
     assert deployment._replica_config.max_replicas_per_node == 1
+
+
+def test_an_external_openai_server_is_a_plain_deployment_named_generator():
+    generator = GeneratorConfig(
+        engine="openai",
+        openai={"base_url": "http://127.0.0.1:9/v1", "model": "served-name"},
+        deployment={"num_replicas": 2, "num_cpus": 0.1},
+    )
+
+    deployment = build_generator(generator)._bound_deployment
+
+    from deployments.engine_generator import EngineGeneratorDeployment
+
+    assert deployment.func_or_class is EngineGeneratorDeployment
+    assert deployment.init_args == (generator,)
+    assert deployment.num_replicas == 2
+    assert deployment.ray_actor_options["num_cpus"] == 0.1
 
 
 def test_build_app_binds_the_ingress_to_the_three_stages(development):

@@ -1,0 +1,76 @@
+"""deployments.engine_generator: the engines outside Ray Serve LLM behind the same batched
+`generate` as the vLLM generator (the deployment class itself, called in-process without
+Serve). The external server is tested for real in tests/integration."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from app.config import GeneratorConfig
+from deployments.engine_generator import EngineGeneratorDeployment, build_engine
+from generation.paced_engine import PacedEngine
+from pipeline.messages import FinishEvent, GenerationRequest, TokenEvent
+
+REQUEST = GenerationRequest([{"role": "user", "content": "two words"}], 6, 0.0, "req-1")
+
+
+def paced(ttft_ms: float, tpot_ms: float, interval_ms: float) -> EngineGeneratorDeployment:
+    config = GeneratorConfig(
+        engine="paced",
+        paced={"ttft_ms": ttft_ms, "tpot_ms": tpot_ms},
+        stream_batching_interval_ms=interval_ms,
+    )
+    return asyncio.run(_constructed(config))
+
+
+async def _constructed(config: GeneratorConfig) -> EngineGeneratorDeployment:
+    deployment = EngineGeneratorDeployment.__new__(EngineGeneratorDeployment)
+    await deployment.__init__(config)  # type: ignore[misc]  # Serve awaits the constructor
+    return deployment
+
+
+async def batches_of(deployment: EngineGeneratorDeployment) -> list[list]:
+    return [batch async for batch in deployment.generate(REQUEST)]
+
+
+def test_generate_streams_max_tokens_tokens_then_the_finish_in_batches():
+    deployment = paced(ttft_ms=0, tpot_ms=2, interval_ms=1000)
+
+    batches = asyncio.run(batches_of(deployment))
+
+    events = [event for batch in batches for event in batch]
+    assert all(isinstance(event, TokenEvent) for event in events[:-1])
+    assert len(events) == 7
+    assert isinstance(events[-1], FinishEvent)
+    assert events[-1].usage.completion_tokens == 6
+    # The first token on its own, the rest together once the stream ends (within 1 s).
+    assert len(batches[0]) == 1
+    assert len(batches) == 2
+
+
+def test_no_batching_interval_sends_each_event_on_its_own():
+    deployment = paced(ttft_ms=0, tpot_ms=0, interval_ms=0)
+
+    batches = asyncio.run(batches_of(deployment))
+
+    assert [len(batch) for batch in batches] == [1] * 7
+
+
+def test_the_paced_generator_is_healthy():
+    deployment = paced(ttft_ms=50, tpot_ms=5, interval_ms=10)
+
+    assert asyncio.run(deployment.check_health()) is None
+
+
+def test_build_engine_gives_the_paced_engine_its_pace():
+    engine = build_engine(GeneratorConfig(engine="paced", paced={"ttft_ms": 20, "tpot_ms": 4}))
+
+    assert isinstance(engine, PacedEngine)
+    assert (engine.ttft_s, engine.tpot_s) == (0.02, 0.004)
+
+
+def test_build_engine_refuses_vllm_which_ray_serve_llm_hosts():
+    with pytest.raises(ValueError, match="no external engine"):
+        build_engine(GeneratorConfig(engine="vllm"))
