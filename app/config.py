@@ -360,7 +360,7 @@ class GeneratorConfig(StrictModel):
     )
     cpu_binding: list[str] | None = Field(
         None,
-        description="CPU only: cores for each replica's vLLM threads, by replica rank "
+        description="engine vllm, CPU only: cores for each replica's vLLM threads, by replica rank "
         "(VLLM_CPU_OMP_THREADS_BIND), e.g. ['1', '0'] so two replicas do not share a core. "
         "Unset: vLLM's default binding.",
     )
@@ -377,19 +377,21 @@ class GeneratorConfig(StrictModel):
     )
     engine_kwargs: dict[str, Any] = Field(
         default_factory=dict,
-        description="Passed to vLLM as engine arguments (enable_prefix_caching, quantization, "
-        "speculative_config, dtype, ...). max_model_len is set from the field above.",
+        description="engine vllm: passed to vLLM as engine arguments (enable_prefix_caching, "
+        "quantization, speculative_config, dtype, ...). max_model_len is set from the field above.",
     )
     accelerator_type: str | None = Field(
-        None, description="Ray accelerator type for GPU replicas (e.g. 'L4', 'A10G', 'H100')."
+        None,
+        description="engine vllm: Ray accelerator type for GPU replicas (e.g. 'L4', 'H100').",
     )
     placement_bundles: list[dict[str, float]] | None = Field(
         None,
-        description="Placement-group bundles for one replica. On CPU: [{CPU: 1}] and no "
-        "accelerator_type; on GPU leave unset to get one bundle per tensor-parallel GPU.",
+        description="engine vllm: placement-group bundles for one replica. On CPU: [{CPU: 1}] "
+        "and no accelerator_type; on GPU leave unset to get one bundle per tensor-parallel GPU.",
     )
     env_vars: dict[str, str] = Field(
-        default_factory=dict, description="Environment of the vLLM replica (e.g. KV cache size)."
+        default_factory=dict,
+        description="engine vllm: environment of the vLLM replica (e.g. KV cache size).",
     )
     default_max_tokens: int = Field(128, ge=1, description="Answer length when none is asked.")
     max_tokens_limit: int = Field(512, ge=1, description="Largest max_tokens a request may ask.")

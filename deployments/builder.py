@@ -88,6 +88,13 @@ def build_generator(generator: GeneratorConfig, retry_after_s: float = 1.0) -> A
     if generator.engine != "vllm":
         from deployments.engine_generator import EngineGeneratorDeployment
 
+        if unused := vllm_only_settings(generator):
+            logger.warning(
+                "generator.engine %s ignores generator.%s (vLLM-in-Ray settings)",
+                generator.engine,
+                ", generator.".join(unused),
+            )
+
         return serve.deployment(
             EngineGeneratorDeployment,
             name="Generator",
@@ -145,3 +152,13 @@ def generator_llm_config(generator: GeneratorConfig, retry_after_s: float = 1.0)
     if generator.env_vars:
         llm_config["runtime_env"] = {"env_vars": dict(generator.env_vars)}
     return llm_config
+
+
+# The GeneratorConfig fields that only the vLLM engine inside Ray reads.
+VLLM_ONLY_FIELDS = ("engine_kwargs", "placement_bundles", "env_vars", "accelerator_type",
+                    "cpu_binding")  # fmt: skip
+
+
+def vllm_only_settings(generator: GeneratorConfig) -> list[str]:
+    """The vLLM-in-Ray settings `generator` sets, which another engine ignores."""
+    return [name for name in VLLM_ONLY_FIELDS if getattr(generator, name)]

@@ -107,6 +107,8 @@ class OpenAIEngine:
                         yield event
                         if isinstance(event, ErrorEvent):
                             return
+                    if reader.done:  # what a server sends after [DONE] is not waited for
+                        break
         except httpx.TimeoutException as exc:
             yield ErrorEvent(_timed_out(exc, reader.tokens_seen, request.request_id))
             return
@@ -156,14 +158,14 @@ class _StreamReader:
         self.tokens_seen = 0
         self._reason: str | None = None
         self._usage: TokenUsage | None = None
-        self._done = False
+        self.done = False
 
     def feed(self, line: str) -> list[GenerationEvent]:
-        if not line.startswith("data:") or self._done:
+        if not line.startswith("data:") or self.done:
             return []
         data = line[len("data:") :].strip()
         if data == "[DONE]":
-            self._done = True
+            self.done = True
             return []
         try:
             chunk = json.loads(data)
@@ -173,6 +175,12 @@ class _StreamReader:
             return [ErrorEvent(_bad_server("a stream chunk that is not an object", data))]
         if "error" in chunk or chunk.get("object") == "error":
             return [ErrorEvent(_bad_server("an error in the stream", data))]
+        try:
+            return self._read(chunk)
+        except (AttributeError, TypeError, ValueError):
+            return [ErrorEvent(_bad_server("a stream chunk of the wrong shape", data))]
+
+    def _read(self, chunk: dict[str, Any]) -> list[GenerationEvent]:
         if usage := chunk.get("usage"):
             self._usage = _usage_of(usage)
         events: list[GenerationEvent] = []
@@ -180,7 +188,7 @@ class _StreamReader:
             text = (choice.get("delta") or {}).get("content")
             if text:
                 self.tokens_seen += 1
-                events.append(TokenEvent(text))
+                events.append(TokenEvent(str(text)))
             if choice.get("finish_reason"):
                 self._reason = str(choice["finish_reason"])
         return events
@@ -207,7 +215,9 @@ def _refused(reply: httpx.Response, request_id: str) -> StageError:
     """The server answered the request with an error status."""
     status, message = reply.status_code, _error_message(reply)
     if status in _REQUEST_FAULT:
-        fits = "context" in message.lower() and "length" in message.lower()
+        lowered = message.lower()
+        # vLLM and SGLang say "maximum context length"; TGI names its max_new_tokens.
+        fits = ("context" in lowered and "length" in lowered) or "max_new_tokens" in lowered
         code = "context_length_exceeded" if fits else "invalid_generation_request"
         return StageError(400, message, param="max_tokens" if fits else None, code=code)
     logger.warning(

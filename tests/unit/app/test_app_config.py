@@ -5,8 +5,17 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import yaml
 
-from app.config import PROJECT_ROOT, ConfigError, RagAppConfig, parse_config, resolve_path
+from app.config import (
+    PROJECT_ROOT,
+    ConfigError,
+    GeneratorConfig,
+    OpenAIEngineConfig,
+    RagAppConfig,
+    parse_config,
+    resolve_path,
+)
 from retrieval.prompt import DEFAULT_SYSTEM_PROMPT
 
 
@@ -160,3 +169,143 @@ def test_setting_one_deployment_field_keeps_the_stage_defaults():
     assert config.compression.deployment.num_cpus == 0.5
     assert config.compression.deployment.max_ongoing_requests == 8
     assert config.compression.deployment.num_replicas == 2
+
+
+# --- generator.engine: openai ---------------------------------------------------------------
+
+OPENAI = {"base_url": "http://llm.internal:8000/v1"}
+
+
+def test_an_external_server_is_parsed_with_its_defaults():
+    config = parse_config({"generator": {"engine": "openai", "openai": OPENAI}})
+
+    assert config.generator.openai == OpenAIEngineConfig(
+        base_url="http://llm.internal:8000/v1",
+        model=None,
+        tokenizer=None,
+        connect_timeout_s=5.0,
+        read_timeout_s=60.0,
+        max_connections=64,
+    )
+
+
+def test_engine_openai_without_a_server_is_refused_naming_its_base_url():
+    with pytest.raises(ConfigError) as excinfo:
+        parse_config({"generator": {"engine": "openai"}})
+
+    assert "generator.engine 'openai' needs generator.openai.base_url" in str(excinfo.value)
+
+
+def test_a_server_without_a_base_url_is_refused():
+    with pytest.raises(ConfigError) as excinfo:
+        parse_config({"generator": {"engine": "openai", "openai": {"model": "m"}}})
+
+    assert "'generator.openai.base_url': Field required" in str(excinfo.value)
+
+
+@pytest.mark.parametrize(
+    "base_url", ["llm.internal:8000/v1", "ftp://llm.internal/v1", "", " http://llm/v1"]
+)
+def test_a_base_url_must_be_http_or_https(base_url):
+    with pytest.raises(ConfigError) as excinfo:
+        parse_config({"generator": {"engine": "openai", "openai": {"base_url": base_url}}})
+
+    assert "'generator.openai.base_url'" in str(excinfo.value)
+
+
+@pytest.mark.parametrize("base_url", ["http://llm.internal:8000/v1", "https://api.example/v1/"])
+def test_http_and_https_base_urls_are_accepted(base_url):
+    config = parse_config({"generator": {"engine": "openai", "openai": {"base_url": base_url}}})
+
+    assert config.generator.openai is not None
+    assert config.generator.openai.base_url == base_url
+
+
+@pytest.mark.parametrize("key", ["api_key", "timeout_s"])
+def test_an_unknown_key_of_the_server_is_named(key):
+    # api_key in particular: the key comes from RAG_GENERATOR_API_KEY, never from this file.
+    with pytest.raises(ConfigError) as excinfo:
+        parse_config({"generator": {"engine": "openai", "openai": {**OPENAI, key: "x"}}})
+
+    assert f"unknown key 'generator.openai.{key}'" in str(excinfo.value)
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("connect_timeout_s", 0), ("read_timeout_s", -1), ("max_connections", 0)],
+)
+def test_server_limits_must_be_positive(field, value):
+    with pytest.raises(ConfigError) as excinfo:
+        parse_config({"generator": {"engine": "openai", "openai": {**OPENAI, field: value}}})
+
+    assert f"'generator.openai.{field}'" in str(excinfo.value)
+
+
+def test_the_tokenizer_of_an_external_server_is_the_one_named():
+    generator = GeneratorConfig(
+        engine="openai",
+        model_source=".models/local",
+        openai=OpenAIEngineConfig(base_url=OPENAI["base_url"], tokenizer=".models/served"),
+    )
+
+    assert generator.tokenizer_source() == ".models/served"
+
+
+def test_the_tokenizer_of_an_external_server_defaults_to_the_model_source():
+    generator = GeneratorConfig(
+        engine="openai", model_source=".models/local", openai=OpenAIEngineConfig(**OPENAI)
+    )
+
+    assert generator.tokenizer_source() == ".models/local"
+
+
+@pytest.mark.parametrize("engine", ["vllm", "paced"])
+def test_other_engines_use_the_model_source_even_with_a_server_block(engine):
+    server = OpenAIEngineConfig(base_url=OPENAI["base_url"], tokenizer="x", model="served")
+    generator = GeneratorConfig(engine=engine, model_source=".models/local", openai=server)
+
+    assert generator.tokenizer_source() == ".models/local"
+    assert generator.served_model_name() == generator.model_id
+
+
+def test_the_served_model_name_is_the_server_model_when_set():
+    server = OpenAIEngineConfig(base_url=OPENAI["base_url"], model="Qwen/Qwen2.5-7B-Instruct")
+
+    with_model = GeneratorConfig(engine="openai", model_id="rag", openai=server)
+    without = GeneratorConfig(engine="openai", model_id="rag", openai=OpenAIEngineConfig(**OPENAI))
+
+    assert with_model.served_model_name() == "Qwen/Qwen2.5-7B-Instruct"
+    assert without.served_model_name() == "rag"
+
+
+@pytest.mark.parametrize(
+    "generator",
+    [
+        {"engine": "openai", "openai": OPENAI},
+        {"engine": "paced"},
+    ],
+    ids=["openai", "paced"],
+)
+def test_the_prefix_cache_affinity_router_needs_the_vllm_engine(generator):
+    args = {"generator": {**generator, "request_router": {"kind": "prefix_cache_affinity"}}}
+
+    with pytest.raises(ConfigError, match="prefix_cache_affinity needs engine 'vllm'"):
+        parse_config(args)
+
+
+def test_the_prefix_cache_affinity_router_is_accepted_for_vllm():
+    config = parse_config({"generator": {"request_router": {"kind": "prefix_cache_affinity"}}})
+
+    assert config.generator.request_router.kind == "prefix_cache_affinity"
+
+
+def test_the_shipped_serve_config_still_parses_with_the_vllm_engine():
+    document = yaml.safe_load((PROJECT_ROOT / "serve_config.yaml").read_text())
+    [application] = document["applications"]
+
+    config = parse_config(application["args"])
+
+    assert config.generator.engine == "vllm"
+    assert config.generator.openai is None
+    assert config.generator.tokenizer_source() == config.generator.model_source
+    assert config.generator.served_model_name() == config.generator.model_id

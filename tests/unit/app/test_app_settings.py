@@ -55,3 +55,23 @@ def test_reads_the_process_environment_when_none_is_given(monkeypatch):
     monkeypatch.setenv("RAG_API_KEYS", LONG_KEY)
 
     assert load_settings().api_keys == (LONG_KEY,)
+
+
+def test_the_generator_api_key_is_read_and_trimmed():
+    settings = load_settings({"RAG_GENERATOR_API_KEY": "  sk-external \n"})
+
+    assert settings.generator_api_key == "sk-external"
+
+
+@pytest.mark.parametrize("value", ["", "   ", None])
+def test_an_empty_or_missing_generator_api_key_is_none(value):
+    environ = {} if value is None else {"RAG_GENERATOR_API_KEY": value}
+
+    assert load_settings(environ).generator_api_key is None
+
+
+def test_the_generator_api_key_is_not_a_client_key():
+    # The key this service sends to its generation server does not open this service's /v1.
+    settings = load_settings({"RAG_GENERATOR_API_KEY": LONG_KEY})
+
+    assert (settings.api_keys, settings.auth_required) == ((), False)

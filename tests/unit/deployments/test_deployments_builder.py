@@ -26,6 +26,7 @@ from deployments.builder import (
     build_generator,
     deployment_options,
     generator_llm_config,
+    vllm_only_settings,
 )
 
 STAGES = {
@@ -261,6 +262,18 @@ def test_an_external_openai_server_is_a_plain_deployment_named_generator():
     assert deployment.init_args == (generator,)
     assert deployment.num_replicas == 2
     assert deployment.ray_actor_options["num_cpus"] == 0.1
+
+
+def test_vllm_only_settings_are_named_for_another_engine():
+    generator = GeneratorConfig(
+        engine="openai",
+        openai={"base_url": "http://127.0.0.1:9/v1"},
+        engine_kwargs={"dtype": "float32"},
+        env_vars={"VLLM_CPU_KVCACHE_SPACE": "1"},
+    )
+
+    assert vllm_only_settings(generator) == ["engine_kwargs", "env_vars"]
+    assert vllm_only_settings(GeneratorConfig(engine="paced")) == []
 
 
 def test_build_app_binds_the_ingress_to_the_three_stages(development):
