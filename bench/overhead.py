@@ -298,7 +298,7 @@ def run_vllm(work: Path, concurrency: Sequence[int], requests: int, seed: int) -
     rows = []
     url = f"http://127.0.0.1:{vllm_port}"
     with running_vllm(argv, env, url, work / "vllm-alone.log", 600):
-        pid = _listening_pid(vllm_port)
+        pid = listening_pid(vllm_port)
         httpx.post(
             f"{url}/v1/chat/completions",
             json={"model": model, "messages": list(prompts[concurrency[0]][0][0]), "max_tokens": 4},
@@ -350,7 +350,8 @@ class _Source:
     text: str
 
 
-def _listening_pid(port: int) -> int:
+def listening_pid(port: int) -> int:
+    """The pid of the process listening on TCP `port` on this machine."""
     for connection in psutil.net_connections("tcp"):
         if connection.laddr and connection.laddr.port == port and connection.pid:
             return connection.pid
