@@ -1,12 +1,20 @@
 """Start the real application once per test module, exactly as a user does: `serve run`.
 
 The config is serve_config.yaml with only the HTTP port changed (to a free one) and
-API keys required, so the tests go through the same auth a production deploy uses.
+API keys required, so the tests go through the same auth a production deploy uses. With
+`engine="openai"` the generator is vLLM's own OpenAI server, started here with the engine
+arguments of the same config, and the application streams from it (generator.engine:
+openai) instead of running vLLM inside Ray.
 """
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+import time
 from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -14,7 +22,10 @@ import httpx
 import pytest
 import yaml
 
-from bench.service import ServiceError, free_port, running_service
+from app.config import PROJECT_ROOT, GeneratorConfig
+from bench.service import ServiceError, free_port, running_server, running_service
+from bench.vllm_server import HEALTH_POLL_S, STOP_TIMEOUT_S, vllm_environment, vllm_serve_argv
+from retrieval.models import resolve_model_reference
 
 ROOT = Path(__file__).resolve().parents[2]
 API_KEY = "integration-test-key-0123456789"
@@ -25,22 +36,89 @@ class Service:
     base_url: str
     api_key: str
     config: dict
+    engine: str = "vllm"
+    # The external OpenAI-compatible server (engine "openai"), for a test that stops it.
+    external_server: subprocess.Popen | None = None
 
     def client(self, **kwargs) -> httpx.Client:
         headers = {"Authorization": f"Bearer {self.api_key}"}
         return httpx.Client(base_url=self.base_url, headers=headers, timeout=300, **kwargs)
 
 
-@pytest.fixture(scope="module")
-def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
+@contextmanager
+def started(tmp_path_factory: pytest.TempPathFactory, engine: str = "vllm") -> Iterator[Service]:
+    """The application on a free port, its generator in Ray ("vllm") or an external vLLM
+    OpenAI server ("openai"); everything started here is stopped on exit."""
+    folder = tmp_path_factory.mktemp(f"serve-{engine}")
     config = yaml.safe_load((ROOT / "serve_config.yaml").read_text())
     port = free_port()
     config["http_options"]["port"] = port
-    config_path = tmp_path_factory.mktemp("serve") / "serve_config.yaml"
-    config_path.write_text(yaml.safe_dump(config))
-    log_path = config_path.with_name("serve.log")
+    application = config["applications"][0]
     try:
-        with running_service(config_path, port, log_path, {"RAG_API_KEYS": API_KEY}) as url:
-            yield Service(url, API_KEY, config["applications"][0]["args"])
+        with ExitStack() as stack:
+            external = None
+            if engine == "openai":
+                external, base_url = stack.enter_context(external_vllm(application, folder))
+                generator = application["args"]["generator"]
+                generator["engine"] = "openai"
+                generator["openai"] = {"base_url": f"{base_url}/v1"}
+                generator["deployment"]["num_cpus"] = 0.1  # a light async actor now
+            config_path = folder / "serve_config.yaml"
+            config_path.write_text(yaml.safe_dump(config))
+            url = stack.enter_context(
+                running_service(config_path, port, folder / "serve.log", {"RAG_API_KEYS": API_KEY})
+            )
+            # Ready means the required stages run; the tests want the optional
+            # compressor too (it may start after the others, sooner with no vLLM in Ray).
+            wait_for_every_stage(url)
+            yield Service(url, API_KEY, application["args"], engine, external)
     except ServiceError as exc:
         pytest.fail(str(exc))
+
+
+def wait_for_every_stage(base_url: str, timeout_s: float = 300) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if httpx.get(f"{base_url}/readyz", timeout=10).json().get("degraded") == []:
+            return
+        time.sleep(2)
+    raise ServiceError(f"a stage of {base_url} is still not running after {timeout_s:.0f} s")
+
+
+@contextmanager
+def external_vllm(application: dict, folder: Path) -> Iterator[tuple[subprocess.Popen, str]]:
+    """vLLM's own OpenAI server with the generator's model and engine arguments."""
+    generator = GeneratorConfig.model_validate(application["args"]["generator"])
+    port = free_port()
+    argv = vllm_serve_argv(
+        sys.executable,
+        resolve_model_reference(generator.model_source, PROJECT_ROOT),
+        generator,
+        "127.0.0.1",
+        port,
+    )
+    env = vllm_environment(os.environ, application["runtime_env"]["env_vars"], generator)
+    base_url = f"http://127.0.0.1:{port}"
+    with running_server(
+        argv,
+        f"{base_url}/health",
+        folder / "vllm.log",
+        env=env,
+        name="vllm serve",
+        ready_timeout_s=300,
+        poll_s=HEALTH_POLL_S,
+        stop_grace_s=STOP_TIMEOUT_S,
+    ) as process:
+        yield process, base_url
+
+
+@pytest.fixture(scope="session")
+def serving():
+    """`started`, for a module that runs its tests against each generator engine."""
+    return started
+
+
+@pytest.fixture(scope="module")
+def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
+    with started(tmp_path_factory) as running:
+        yield running

@@ -1,5 +1,6 @@
 """The real application over HTTP: Ray Serve, vLLM (CPU), FAISS, sentence-transformers,
-LLMLingua. One `serve run` for the whole module (see conftest.py)."""
+LLMLingua. One `serve run` per generator engine (see conftest.py): vLLM inside Ray, and
+vLLM's own OpenAI server outside it (generator.engine: openai); every test runs on both."""
 
 from __future__ import annotations
 
@@ -15,10 +16,18 @@ import openai
 import pytest
 import yaml
 
+from bench.service import stop_process
+
 pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[2]
 QUESTION = "Why does vLLM cache only full KV blocks in its prefix cache?"
+
+
+@pytest.fixture(scope="module", params=["vllm", "openai"])
+def service(request, tmp_path_factory, serving):
+    with serving(tmp_path_factory, request.param) as started:
+        yield started
 
 
 @pytest.fixture(scope="module")
@@ -386,3 +395,22 @@ def _scrape(address: str) -> str:
         return httpx.get(f"http://{address}/metrics", timeout=5).text
     except httpx.HTTPError:
         return ""
+
+
+# Last in the module: it stops the external server for good.
+def test_an_external_engine_that_went_away_is_a_retryable_503(service, client):
+    if service.external_server is None:
+        pytest.skip("the in-Ray generator has no external server")
+    stop_process(service.external_server)
+
+    response = client.post("/v1/rag/query", json={"question": QUESTION, "max_tokens": 4})
+    with client.stream(
+        "POST", "/v1/rag/query", json={"question": QUESTION, "stream": True, "max_tokens": 4}
+    ) as streamed:
+        streamed.read()
+
+    for refused in (response, streamed):
+        assert assert_error(refused, 503)["code"] == "generator_unavailable"
+        assert int(refused.headers["retry-after"]) >= 1
+    # The service itself is up and says so; only generation waits for its server.
+    assert httpx.get(f"{service.base_url}/healthz").status_code == 200
