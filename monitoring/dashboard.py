@@ -3,8 +3,10 @@
 `python -m monitoring.dashboard` writes monitoring/grafana/rag_serve_grafana_dashboard.json
 (`--check` fails when the committed file is stale). It follows Ray's dashboard files
 (ray/dashboard/modules/metrics/dashboards/*_grafana_dashboard_base.json): a hidden
-`datasource` variable of type prometheus that every panel and query uses, a `SessionName`
-filter on every query, an `Application` variable from Serve's replica metric, and the
+`datasource` variable of type prometheus that every panel and query uses, `SessionName` and
+`Cluster` (`ray_io_cluster`, "All" = `.*` as the label is absent outside KubeRay) filters on
+every query, an `Application` variable from Serve's replica metric that filters every query of
+a metric carrying the label, unique panel ids and explicit grid positions, and the
 `rayVersion:` tag, so the file can sit beside the dashboards Ray writes into
 `session_latest/metrics/grafana/dashboards/` and be provisioned or imported with them.
 
@@ -16,8 +18,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import re
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,14 +32,20 @@ from grafana_foundation_sdk.builders import prometheus, timeseries
 from grafana_foundation_sdk.cog.encoder import JSONEncoder
 from grafana_foundation_sdk.models import dashboard as gm
 
-from monitoring.panels import ROWS, PanelSpec
+from monitoring.panels import CLUSTER, ROWS, SESSION, PanelSpec
 
 ROOT = Path(__file__).resolve().parent.parent
 OUTPUT = ROOT / "monitoring" / "grafana" / "rag_serve_grafana_dashboard.json"
 UID = "ragServeDashboard"
 DATASOURCE = gm.DataSourceRef(type_val="prometheus", uid="${datasource}")
-PANEL_WIDTH = 12  # two panels per row of Grafana's 24-column grid
+GRID_COLUMNS = 24  # Grafana's grid
+PANEL_WIDTH = 12  # two panels side by side
 PANEL_HEIGHT = 8
+ROW_HEIGHT = 1
+# Each variable's "All": SessionName and Application must be set (Ray's SessionName uses `.+`,
+# and `.+` is Ray Serve's `.*` with `application!~""`); ray_io_cluster exists only where
+# KubeRay's PodMonitor adds it, so Cluster's "All" must match its absence, as in Ray's files.
+ALL_VALUES = {"SessionName": ".+", "Cluster": ".*", "Application": ".+"}
 
 
 @dataclass(frozen=True)
@@ -66,20 +76,40 @@ def build_dashboard() -> dict[str, Any]:
             .type("prometheus")
             .hide(gm.VariableHide.HIDE_VARIABLE)
         )
-        .with_variable(_label_variable("SessionName", "ray_serve_deployment_replica_healthy"))
-        .with_variable(_label_variable("Application", "ray_serve_deployment_replica_healthy"))
+        .with_variable(_cluster_variable())
+        .with_variable(
+            _label_variable(
+                "SessionName", "SessionName", f"ray_serve_deployment_replica_healthy{{{CLUSTER}}}"
+            )
+        )
+        .with_variable(
+            _label_variable(
+                "Application",
+                "application",
+                f"ray_serve_deployment_replica_healthy{{{SESSION},{CLUSTER}}}",
+            )
+        )
     )
+    y = 0
     for row in ROWS:
-        builder = builder.with_row(gd.Row(row.title))
-        for spec in row.panels:
-            builder = builder.with_panel(_panel(spec))
+        builder = builder.with_row(
+            gd.Row(row.title).id(row.row_id).grid_pos(gm.GridPos(ROW_HEIGHT, GRID_COLUMNS, 0, y))
+        )
+        y += ROW_HEIGHT
+        for index, spec in enumerate(row.panels):
+            x = index % (GRID_COLUMNS // PANEL_WIDTH) * PANEL_WIDTH
+            top = y + index // (GRID_COLUMNS // PANEL_WIDTH) * PANEL_HEIGHT
+            builder = builder.with_panel(
+                _panel(spec).grid_pos(gm.GridPos(PANEL_HEIGHT, PANEL_WIDTH, x, top))
+            )
+        y += math.ceil(len(row.panels) / (GRID_COLUMNS // PANEL_WIDTH)) * PANEL_HEIGHT
     model = json.loads(json.dumps(builder.build(), cls=JSONEncoder, sort_keys=True))
     model["rayMeta"] = ["supportsGlobalFilterOverride"]
     return model
 
 
-def _label_variable(name: str, metric: str) -> gd.QueryVariable:
-    query = f"label_values({metric}, {name if name != 'Application' else 'application'})"
+def _label_variable(name: str, label: str, selector: str) -> gd.QueryVariable:
+    query = f"label_values({selector}, {label})"
     return (
         gd.QueryVariable(name)
         .label(name)
@@ -88,7 +118,29 @@ def _label_variable(name: str, metric: str) -> gd.QueryVariable:
         .refresh(gm.VariableRefresh.ON_TIME_RANGE_CHANGED)
         .multi(True)
         .include_all(True)
-        .all_value(".+")
+        .all_value(ALL_VALUES[name])
+    )
+
+
+def _cluster_variable() -> gd.QueryVariable:
+    """Ray's `Cluster` variable (dashboards/*_grafana_dashboard_base.json), as Ray writes it."""
+    query = "label_values(ray_node_network_receive_speed, ray_io_cluster)"
+    return (
+        gd.QueryVariable("Cluster")
+        .label("Cluster")
+        .description(
+            "Filter queries to specific Ray clusters for KubeRay. When ingesting metrics "
+            "across multiple Ray clusters, the ray_io_cluster label should be set per "
+            "cluster. For KubeRay users, this is done automatically with Prometheus "
+            "PodMonitor."
+        )
+        .datasource(DATASOURCE)
+        .query({"query": query, "refId": "StandardVariableQuery"})
+        .refresh(gm.VariableRefresh.ON_TIME_RANGE_CHANGED)
+        .sort(gm.VariableSort.ALPHABETICAL_DESC)
+        .multi(False)
+        .include_all(True)
+        .all_value(ALL_VALUES["Cluster"])
     )
 
 
@@ -100,10 +152,9 @@ def _panel(spec: PanelSpec) -> timeseries.Panel:
             spec.description
             + (f" May be empty: {spec.optional_reason}." if spec.optional_reason else "")
         )
+        .id(spec.panel_id)
         .datasource(DATASOURCE)
         .unit(spec.unit)
-        .span(PANEL_WIDTH)
-        .height(PANEL_HEIGHT)
     )
     for index, line in enumerate(spec.lines):
         panel = panel.with_target(
@@ -121,23 +172,32 @@ def panels(model: dict[str, Any]) -> list[dict[str, Any]]:
     return [panel for panel in model["panels"] if panel.get("type") != "row"]
 
 
-def panel_queries(model: dict[str, Any], rate_interval: str = "1m") -> list[PanelQuery]:
-    """Every target of every panel, ready for Prometheus's /api/v1/query: all sessions and
-    applications, `$__rate_interval` and `$__interval` as `rate_interval`."""
+def panel_queries(
+    model: dict[str, Any], rate_interval: str = "1m", values: Mapping[str, str] | None = None
+) -> list[PanelQuery]:
+    """Every target of every panel, ready for Prometheus's /api/v1/query: each variable at
+    its `values` entry, else "All"; `$__rate_interval` and `$__interval` as `rate_interval`."""
     optional = {spec.title: spec.optional_reason for row in ROWS for spec in row.panels}
     queries = []
     for panel in panels(model):
         for target in panel["targets"]:
-            expr = substitute(target["expr"], rate_interval)
+            expr = substitute(target["expr"], rate_interval, values)
             queries.append(
                 PanelQuery(panel["title"], target["refId"], expr, optional.get(panel["title"]))
             )
     return queries
 
 
-def substitute(expr: str, rate_interval: str) -> str:
+def substitute(expr: str, rate_interval: str, values: Mapping[str, str] | None = None) -> str:
+    """`expr` with the time variables as `rate_interval` and each dashboard variable as its
+    `values` entry (a regex), else its "All" value."""
     expr = expr.replace("$__rate_interval", rate_interval).replace("$__interval", rate_interval)
-    expr = re.sub(r"\$\{?(SessionName|Application)\}?", ".+", expr)
+    chosen = {**ALL_VALUES, **(values or {})}
+    expr = re.sub(
+        r"\$\{?(" + "|".join(ALL_VALUES) + r")\}?",
+        lambda match: chosen[match.group(1)],
+        expr,
+    )
     if "$" in expr:
         raise ValueError(f"unsubstituted variable in {expr!r}")
     return expr

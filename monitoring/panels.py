@@ -1,18 +1,65 @@
-"""The dashboard's panels as data: title, unit, and PromQL per line.
+"""The dashboard's panels as data: id, title, unit, and PromQL per line.
 
 Every expression is written against Ray's metrics export (application metrics carry a `ray_`
-prefix) and filters on `$SessionName` like Ray's own dashboards, so one Prometheus can hold
-several sessions. `$__rate_interval` is Grafana's; `monitoring.dashboard.panel_queries`
-substitutes both for a direct Prometheus query.
+prefix) and every selector filters like Ray's own dashboards: on `$SessionName`, so one
+Prometheus can hold several sessions, and on `$Cluster` (the `ray_io_cluster` label KubeRay's
+PodMonitor adds; absent on a local scrape, so its "All" is `.*`). Selectors of the metrics that
+carry Serve's `application` label filter on `$Application` too; the others (vLLM's engine
+metrics) must not, or the filter would empty them. `$__rate_interval` is Grafana's;
+`monitoring.dashboard.panel_queries` substitutes every variable for a direct Prometheus query.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 SESSION = 'SessionName=~"$SessionName"'
-APP = f'{SESSION},application=~"$Application"'
+CLUSTER = 'ray_io_cluster=~"$Cluster"'
+APPLICATION = 'application=~"$Application"'
 RATE = "$__rate_interval"
+
+# Metric families (names without _bucket/_sum/_count) whose series carry `application`:
+# deployments/metrics.py records through ray.serve.metrics inside the ingress replica, which
+# adds `application`, `deployment` and `replica`; Serve's proxy, routers, replicas and
+# controller tag theirs with it. vLLM's engine metrics (ray_vllm_*) go through
+# ray.util.metrics and carry none. tests/integration/test_monitoring.py checks this set
+# against a real scrape.
+APPLICATION_LABELLED = frozenset(
+    {
+        "ray_rag_stage_latency_ms",
+        "ray_rag_tpot_ms",
+        "ray_rag_compression_ratio",
+        "ray_rag_prompt_tokens_total",
+        "ray_rag_cached_prompt_tokens_total",
+        "ray_rag_requests_completed_total",
+        "ray_rag_context_tokens_total",
+        "ray_rag_request_errors_total",
+        "ray_rag_requests_degraded_total",
+        "ray_serve_num_http_requests_total",
+        "ray_serve_deployment_replica_healthy",
+        "ray_serve_deployment_queued_queries",
+        "ray_serve_replica_processing_queries",
+        "ray_serve_deployment_processing_latency_ms",
+    }
+)
+_HISTOGRAM_SERIES = re.compile(r"_(bucket|sum|count)$")
+
+
+def family(metric: str) -> str:
+    """A metric's family name: a histogram's `_bucket`, `_sum` or `_count` taken off."""
+    return metric if metric in APPLICATION_LABELLED else _HISTOGRAM_SERIES.sub("", metric)
+
+
+def carries_application(metric: str) -> bool:
+    return family(metric) in APPLICATION_LABELLED
+
+
+def selector(metric: str, *matchers: str) -> str:
+    """`metric{...}` with the dashboard's filters (session, cluster, application where the
+    metric carries it) before `matchers`."""
+    filters = [SESSION, CLUSTER, *([APPLICATION] if carries_application(metric) else [])]
+    return f"{metric}{{{','.join([*filters, *matchers])}}}"
 
 
 @dataclass(frozen=True)
@@ -23,6 +70,9 @@ class Line:
 
 @dataclass(frozen=True)
 class PanelSpec:
+    # Grafana's panel id: unique in the dashboard and kept when panels move (links such as
+    # `viewPanel=<id>` point at it), so it is written here, never derived from the order.
+    panel_id: int
     title: str
     description: str
     unit: str
@@ -33,6 +83,7 @@ class PanelSpec:
 
 @dataclass(frozen=True)
 class RowSpec:
+    row_id: int
     title: str
     panels: tuple[PanelSpec, ...]
 
@@ -42,7 +93,7 @@ def _quantiles(metric: str, by: str, scale: str = "") -> tuple[Line, ...]:
     return tuple(
         Line(
             f"histogram_quantile({q}, sum by (le, {by}) "
-            f"(rate({metric}_bucket{{{SESSION}}}[{RATE}]))){scale}",
+            f"(rate({selector(f'{metric}_bucket')}[{RATE}]))){scale}",
             f"p{int(q * 100)} {{{{{by}}}}}",
         )
         for q in (0.5, 0.95, 0.99)
@@ -50,62 +101,66 @@ def _quantiles(metric: str, by: str, scale: str = "") -> tuple[Line, ...]:
 
 
 def _stage_quantiles(stages: str) -> tuple[Line, ...]:
+    stage = f'stage=~"{stages}"'
     return tuple(
         Line(
-            f"histogram_quantile({q}, sum by (le, stage) (rate(ray_rag_stage_latency_ms_bucket"
-            f'{{{SESSION},stage=~"{stages}"}}[{RATE}])))',
+            f"histogram_quantile({q}, sum by (le, stage) (rate("
+            f"{selector('ray_rag_stage_latency_ms_bucket', stage)}[{RATE}])))",
             f"p{int(q * 100)} {{{{stage}}}}",
         )
         for q in (0.5, 0.95, 0.99)
     )
 
 
+def _rate(metric: str, *matchers: str) -> str:
+    return f"rate({selector(metric, *matchers)}[{RATE}])"
+
+
 INGRESS = RowSpec(
+    100,
     "Ingress: requests and errors",
     (
         PanelSpec(
+            101,
             "Requests by status",
             "HTTP requests per second through Serve's proxy, by status code.",
             "reqps",
             (
                 Line(
-                    f"sum by (status_code) (rate(ray_serve_num_http_requests_total"
-                    f"{{{SESSION}}}[{RATE}]))",
+                    f"sum by (status_code) ({_rate('ray_serve_num_http_requests_total')})",
                     "{{status_code}}",
                 ),
             ),
         ),
         PanelSpec(
+            102,
             "Errors by status and code",
             "Error responses per second by HTTP status and OpenAI error code "
             "(rag_request_errors: every error the API sends).",
             "reqps",
             (
                 Line(
-                    f"sum by (status, code) (rate(ray_rag_request_errors_total"
-                    f"{{{SESSION}}}[{RATE}]))",
+                    f"sum by (status, code) ({_rate('ray_rag_request_errors_total')})",
                     "{{status}} {{code}}",
                 ),
             ),
         ),
         PanelSpec(
+            103,
             "Answers completed and degraded",
             "Requests answered in full, and those answered with the uncompressed context "
-            "against their plan.",
+            "against their plan (the compressor timed out, was at capacity or down).",
             "reqps",
             (
+                Line(f"sum({_rate('ray_rag_requests_completed_total')})", "completed"),
                 Line(
-                    f"sum(rate(ray_rag_requests_completed_total{{{SESSION}}}[{RATE}]))",
-                    "completed",
-                ),
-                Line(
-                    f"sum by (reason) (rate(ray_rag_requests_degraded_total"
-                    f"{{{SESSION}}}[{RATE}])) or vector(0)",
+                    f"sum by (reason) ({_rate('ray_rag_requests_degraded_total')})",
                     "degraded {{reason}}",
                 ),
             ),
         ),
         PanelSpec(
+            104,
             "End-to-end latency",
             "Whole request as the ingress sees it (stage 'total').",
             "ms",
@@ -115,45 +170,49 @@ INGRESS = RowSpec(
 )
 
 RETRIEVER = RowSpec(
+    200,
     "Retriever and compressor",
     (
         PanelSpec(
+            201,
             "Stage latency: retrieve and compress",
             "The stages' own work, p50/p95/p99.",
             "ms",
             _stage_quantiles("retrieve|compress"),
         ),
         PanelSpec(
+            202,
             "Hop overheads: queue and network",
             "Waiting for a replica and transport between the stages.",
             "ms",
             _stage_quantiles("queue|network"),
         ),
         PanelSpec(
+            203,
             "Compression ratio",
             "Context tokens after / before, by method (p50, and the mean).",
             "percentunit",
             (
                 Line(
                     f"histogram_quantile(0.5, sum by (le, method) "
-                    f"(rate(ray_rag_compression_ratio_bucket{{{SESSION}}}[{RATE}])))",
+                    f"({_rate('ray_rag_compression_ratio_bucket')}))",
                     "p50 {{method}}",
                 ),
                 Line(
-                    f"sum by (method) (rate(ray_rag_compression_ratio_sum{{{SESSION}}}[{RATE}]))"
-                    f" / sum by (method) (rate(ray_rag_compression_ratio_count"
-                    f"{{{SESSION}}}[{RATE}]))",
+                    f"sum by (method) ({_rate('ray_rag_compression_ratio_sum')})"
+                    f" / sum by (method) ({_rate('ray_rag_compression_ratio_count')})",
                     "mean {{method}}",
                 ),
             ),
         ),
         PanelSpec(
+            204,
             "Context tokens before and after compression",
             "Retrieved-context tokens per second entering and leaving the compressor.",
             "short",
             (
                 Line(
-                    f"sum by (phase) (rate(ray_rag_context_tokens_total{{{SESSION}}}[{RATE}]))",
+                    f"sum by (phase) ({_rate('ray_rag_context_tokens_total')})",
                     "{{phase}}",
                 ),
             ),
@@ -162,9 +221,11 @@ RETRIEVER = RowSpec(
 )
 
 GENERATOR = RowSpec(
+    300,
     "Generator (vLLM)",
     (
         PanelSpec(
+            301,
             "TTFT",
             "Time to first token: as the ingress sees it (stage 'ttft') and inside vLLM.",
             "ms",
@@ -179,6 +240,7 @@ GENERATOR = RowSpec(
             ),
         ),
         PanelSpec(
+            302,
             "TPOT",
             "Mean time per output token after the first: per request (rag_tpot_ms) and "
             "inside vLLM.",
@@ -186,53 +248,49 @@ GENERATOR = RowSpec(
             (
                 *_quantiles("ray_rag_tpot_ms", "Component"),
                 Line(
-                    f"histogram_quantile(0.5, sum by (le) (rate("
-                    f"ray_vllm_request_time_per_output_token_seconds_bucket"
-                    f"{{{SESSION}}}[{RATE}]))) * 1000",
+                    f"histogram_quantile(0.5, sum by (le) ("
+                    f"{_rate('ray_vllm_request_time_per_output_token_seconds_bucket')})) * 1000",
                     "vLLM p50",
                 ),
             ),
         ),
         PanelSpec(
+            303,
             "Prefix-cache hit rate",
             "Prompt tokens found in vLLM's prefix cache / prompt tokens looked up; and the "
             "cached share of the prompts the pipeline sent.",
             "percentunit",
             (
                 Line(
-                    f"sum(rate(ray_vllm_prefix_cache_hits_total{{{SESSION}}}[{RATE}])) / "
-                    f"sum(rate(ray_vllm_prefix_cache_queries_total{{{SESSION}}}[{RATE}]))",
+                    f"sum({_rate('ray_vllm_prefix_cache_hits_total')}) / "
+                    f"sum({_rate('ray_vllm_prefix_cache_queries_total')})",
                     "vLLM hits / queries",
                 ),
                 Line(
-                    f"sum(rate(ray_rag_cached_prompt_tokens_total{{{SESSION}}}[{RATE}])) / "
-                    f"sum(rate(ray_rag_prompt_tokens_total{{{SESSION}}}[{RATE}]))",
+                    f"sum({_rate('ray_rag_cached_prompt_tokens_total')}) / "
+                    f"sum({_rate('ray_rag_prompt_tokens_total')})",
                     "cached / prompt tokens",
                 ),
             ),
         ),
         PanelSpec(
+            304,
             "Tokens per second",
             "Prompt and generated tokens per second across the generator replicas.",
             "short",
             (
-                Line(
-                    f"sum(rate(ray_vllm_prompt_tokens_total{{{SESSION}}}[{RATE}]))",
-                    "prompt",
-                ),
-                Line(
-                    f"sum(rate(ray_vllm_generation_tokens_total{{{SESSION}}}[{RATE}]))",
-                    "generated",
-                ),
+                Line(f"sum({_rate('ray_vllm_prompt_tokens_total')})", "prompt"),
+                Line(f"sum({_rate('ray_vllm_generation_tokens_total')})", "generated"),
             ),
         ),
         PanelSpec(
+            305,
             "vLLM KV-cache usage",
             "Share of the paged KV cache in use, per engine.",
             "percentunit",
             (
                 Line(
-                    f"max by (ReplicaId) (ray_vllm_kv_cache_usage_perc{{{SESSION}}})",
+                    f"max by (ReplicaId) ({selector('ray_vllm_kv_cache_usage_perc')})",
                     "{{ReplicaId}}",
                 ),
             ),
@@ -243,62 +301,69 @@ GENERATOR = RowSpec(
     ),
 )
 
+REFUSED_STATUS = 'status=~"429|503"'
+REFUSED_STATUS_CODE = 'status_code=~"429|503"'
+
 SERVE = RowSpec(
+    400,
     "Serve: replicas, queues and rejections",
     (
         PanelSpec(
+            401,
             "Replicas per deployment",
             "Healthy replicas of each deployment.",
             "short",
             (
                 Line(
-                    f"sum by (deployment) (ray_serve_deployment_replica_healthy{{{APP}}})",
+                    f"sum by (deployment) ({selector('ray_serve_deployment_replica_healthy')})",
                     "{{deployment}}",
                 ),
             ),
         ),
         PanelSpec(
+            402,
             "Queue depth",
             "Requests waiting for a replica (at the callers' handles) and being processed "
             "(at the replicas), per deployment.",
             "short",
             (
                 Line(
-                    f"sum by (deployment) (ray_serve_deployment_queued_queries{{{APP}}})",
+                    f"sum by (deployment) ({selector('ray_serve_deployment_queued_queries')})",
                     "queued {{deployment}}",
                 ),
                 Line(
-                    f"sum by (deployment) (ray_serve_replica_processing_queries{{{APP}}})",
+                    f"sum by (deployment) ({selector('ray_serve_replica_processing_queries')})",
                     "processing {{deployment}}",
                 ),
             ),
         ),
         PanelSpec(
+            403,
             "Rejections",
             "Requests refused at once: the ingress's admission (overloaded, not_ready, "
             "rate_limited) and full Serve queues (503/429 at the proxy).",
             "reqps",
             (
                 Line(
-                    f"sum by (code) (rate(ray_rag_request_errors_total{{{SESSION},"
-                    f'status=~"429|503"}}[{RATE}])) or vector(0)',
+                    f"sum by (code) ({_rate('ray_rag_request_errors_total', REFUSED_STATUS)})",
                     "ingress {{code}}",
                 ),
                 Line(
-                    f"sum by (status_code) (rate(ray_serve_num_http_requests_total"
-                    f'{{{SESSION},status_code=~"429|503"}}[{RATE}])) or vector(0)',
+                    f"sum by (status_code) ("
+                    f"{_rate('ray_serve_num_http_requests_total', REFUSED_STATUS_CODE)})",
                     "proxy {{status_code}}",
                 ),
             ),
         ),
         PanelSpec(
+            404,
             "Deployment processing latency",
             "Time each deployment's replicas spend on a request, p95.",
             "ms",
             (
                 Line(
-                    f"histogram_quantile(0.95, sum by (le, deployment) (rate("
-                    f"ray_serve_deployment_processing_latency_ms_bucket{{{APP}}}[{RATE}])))",
+                    f"histogram_quantile(0.95, sum by (le, deployment) ("
+                    f"{_rate('ray_serve_deployment_processing_latency_ms_bucket')}))",
                     "p95 {{deployment}}",
                 ),
             ),

@@ -3,9 +3,10 @@
 The module starts the application (`serve run`, its Ray instance in a temp dir of its own so
 the discovery file is this session's) and Debian's Prometheus with monitoring/prometheus.yml
 pointed at it, sends traffic of every kind the panels show (answers, streams, compression
-methods, errors), waits for the scrapes, and runs every panel's PromQL through Prometheus's
-HTTP API: each must return data. MONITORING_SCREENSHOT=path renders the panels from the same
-queries into a PNG (the docs' picture).
+methods, errors, a compressor timeout answered degraded, requests past the key's rate limit),
+waits for the scrapes, and runs every panel's PromQL through Prometheus's HTTP API: each must
+return data, with the Application filter set to this application. MONITORING_SCREENSHOT=path
+renders the panels from the same queries into a PNG (the docs' picture).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import pytest
 import yaml
 
 from bench.service import ServiceError, free_port, running_server, running_service
-from monitoring import dashboard
+from monitoring import dashboard, panels
 from monitoring.prometheus import config_for, prometheus_argv
 
 pytestmark = pytest.mark.integration
@@ -36,8 +37,16 @@ SCRAPE_S = 2.0
 EXPORT_WAIT_S = 25.0
 RATE_WINDOW = "3m"
 PROMETHEUS = shutil.which("prometheus")
-# Counted only when it happens (a request answered against its plan); its panel line shows 0.
-EVENT_ONLY = {"ray_rag_requests_degraded_total"}
+SERVE_CONFIG = yaml.safe_load((ROOT / "serve_config.yaml").read_text())
+(APPLICATION,) = (app["name"] for app in SERVE_CONFIG["applications"])
+# Sentence selection takes tens of ms here and LLMLingua seconds: an LLMLingua request times
+# out at the compressor and is answered degraded, the other methods are not.
+COMPRESSOR_TIMEOUT_S = 2.0
+# Per API key: a round's six keyed requests stay inside the burst, and the pause between
+# rounds refills it; the burst of cheap requests that ends each round goes past it.
+RATE_LIMIT_BURST = 10
+RATE_LIMIT = {"requests_per_s": 0.5, "burst": RATE_LIMIT_BURST}
+ROUNDS = 2
 
 
 @dataclass(frozen=True)
@@ -54,6 +63,9 @@ def monitored(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Monitored]:
     config = yaml.safe_load((ROOT / "serve_config.yaml").read_text())
     port = free_port()
     config["http_options"]["port"] = port
+    (app,) = config["applications"]
+    app["args"]["compression"]["timeout_s"] = COMPRESSOR_TIMEOUT_S
+    app["args"]["ingress"]["rate_limit"] = RATE_LIMIT
     config_path = workdir / "serve_config.yaml"
     config_path.write_text(yaml.safe_dump(config))
     # Short: Ray's socket paths live under it and must stay under 108 bytes.
@@ -88,17 +100,7 @@ def traffic(monitored: Monitored) -> None:
     """Two rounds of requests with scrapes between them, so every rate() sees an increase."""
     headers = {"Authorization": f"Bearer {API_KEY}"}
     with httpx.Client(base_url=monitored.service_url, headers=headers, timeout=300) as client:
-        for round_ in range(2):
-            for method in ("none", "sentences", "llmlingua"):
-                response = client.post(
-                    "/v1/rag/query",
-                    json={
-                        "question": f"How does prefix caching lower TTFT? ({round_})",
-                        "max_tokens": 12,
-                        "compression": {"method": method},
-                    },
-                )
-                assert response.status_code == 200, response.text
+        for round_ in range(ROUNDS):
             with client.stream(
                 "POST",
                 "/v1/chat/completions",
@@ -111,13 +113,40 @@ def traffic(monitored: Monitored) -> None:
             ) as stream:
                 assert stream.status_code == 200
                 stream.read()
+            for method in ("none", "sentences"):
+                answer = _ask(client, round_, {"method": method})
+                assert answer["degraded"] is None, answer
+            # LLMLingua outlasts the compressor timeout: the uncompressed context, flagged.
+            # Last of the round's answers, so its scorer, still running, delays no other.
+            answer = _ask(client, round_, {"method": "llmlingua", "policy": "always"})
+            assert answer["degraded"] == "compressor_timeout", answer
             # Errors of three kinds: bad input, no key, unknown route.
             assert client.post("/v1/rag/query", json={"nope": 1}).status_code == 400
             no_key = httpx.post(f"{monitored.service_url}/v1/rag/query", json={"question": "Q?"})
             assert no_key.status_code == 401
             assert client.get("/v1/nowhere").status_code == 404
+            # Past the key's rate limit: cheap requests until the bucket is empty, then 429s.
+            statuses = [client.get("/v1/models").status_code for _ in range(RATE_LIMIT_BURST + 5)]
+            assert set(statuses) == {200, 429} and statuses[0] == 200, statuses
             time.sleep(EXPORT_WAIT_S)
-    _wait_for(monitored.prometheus_url, "ray_rag_request_errors_total", minimum=6)
+    _wait_for(monitored.prometheus_url, "ray_rag_requests_degraded_total", minimum=ROUNDS)
+    _wait_for(
+        monitored.prometheus_url, 'ray_rag_request_errors_total{status="429"}', minimum=ROUNDS
+    )
+    _wait_for(monitored.prometheus_url, "ray_rag_request_errors_total", minimum=4 * ROUNDS)
+
+
+def _ask(client: httpx.Client, round_: int, compression: dict) -> dict:
+    response = client.post(
+        "/v1/rag/query",
+        json={
+            "question": f"How does prefix caching lower TTFT? ({round_})",
+            "max_tokens": 12,
+            "compression": compression,
+        },
+    )
+    assert response.status_code == 200, response.text
+    return dict(response.json())
 
 
 def _query(prometheus_url: str, expr: str) -> list[dict]:
@@ -144,7 +173,10 @@ def test_prometheus_scrapes_every_metrics_agent_of_the_session(monitored, traffi
     assert {target["health"] for target in active} == {"up"}, active
 
 
-PANEL_QUERIES = dashboard.panel_queries(dashboard.build_dashboard(), rate_interval=RATE_WINDOW)
+# Application set to this one: a filter on a label its metric lacks would empty the line.
+PANEL_QUERIES = dashboard.panel_queries(
+    dashboard.build_dashboard(), rate_interval=RATE_WINDOW, values={"Application": APPLICATION}
+)
 
 
 @pytest.mark.parametrize(
@@ -160,20 +192,43 @@ def test_every_panel_query_returns_data(monitored, traffic, panel):
     assert finite, f"{panel.title} [{panel.ref_id}] returned only NaN: {panel.expr} -> {values}"
 
 
-def test_every_metric_a_panel_reads_has_series(monitored, traffic):
-    """Stronger than data per query (a panel line may end in `or vector(0)`): each metric
-    named by a non-optional panel exists in this scrape."""
-    names = {
+PANEL_METRICS = sorted(
+    {
         name
         for query in PANEL_QUERIES
         if not query.optional_reason
         for name in dashboard.metric_names(query.expr)
     }
-    names -= EVENT_ONLY
-    missing = sorted(
-        name for name in names if not _query(monitored.prometheus_url, f"count({name})")
-    )
+)
+
+
+def test_every_metric_a_panel_reads_has_series(monitored, traffic):
+    """Each metric named by a non-optional panel exists in this scrape."""
+    missing = [
+        name for name in PANEL_METRICS if not _query(monitored.prometheus_url, f"count({name})")
+    ]
     assert not missing, f"no series in Prometheus for {missing}"
+
+
+def _label_names(prometheus_url: str, metric: str) -> set[str]:
+    response = httpx.get(f"{prometheus_url}/api/v1/labels", params={"match[]": metric}, timeout=30)
+    body = response.json()
+    assert body.get("status") == "success", f"{metric}: {body}"
+    return set(body["data"])
+
+
+def test_the_application_filter_is_on_the_metrics_that_carry_the_label(monitored, traffic):
+    """monitoring.panels.APPLICATION_LABELLED against the scrape: each metric it lists has
+    `application` (the Application filter keeps its series), the others have none (the filter
+    would empty them, so the panels leave it off); SessionName is on every one."""
+    labels = {name: _label_names(monitored.prometheus_url, name) for name in PANEL_METRICS}
+    wrong = {
+        name: sorted(names)
+        for name, names in labels.items()
+        if ("application" in names) != panels.carries_application(name)
+        or "SessionName" not in names
+    }
+    assert not wrong, f"labels differ from monitoring.panels.APPLICATION_LABELLED: {wrong}"
 
 
 def test_error_panel_counts_errors_by_status_and_code(monitored, traffic):
@@ -185,6 +240,22 @@ def test_error_panel_counts_errors_by_status_and_code(monitored, traffic):
     assert bad_input >= 2, seen
     assert seen.get(("401", "invalid_api_key"), 0) >= 2, seen
     assert seen.get(("404", "not_found_error"), 0) >= 2, seen
+    assert seen.get(("429", "rate_limit_exceeded"), 0) >= 2, seen
+
+
+def test_rejections_are_counted_at_the_ingress_and_the_proxy(monitored, traffic):
+    for expr in (
+        'sum(ray_rag_request_errors_total{status="429"})',
+        'sum(ray_serve_num_http_requests_total{status_code="429"})',
+    ):
+        result = _query(monitored.prometheus_url, expr)
+        assert result and float(result[0]["value"][1]) >= ROUNDS, f"{expr}: {result}"
+
+
+def test_degraded_answers_are_counted_by_reason(monitored, traffic):
+    result = _query(monitored.prometheus_url, "sum by (reason) (ray_rag_requests_degraded_total)")
+    reasons = {series["metric"]["reason"]: float(series["value"][1]) for series in result}
+    assert reasons.get("compressor_timeout", 0) >= ROUNDS, reasons
 
 
 def test_context_tokens_before_exceed_after(monitored, traffic):
