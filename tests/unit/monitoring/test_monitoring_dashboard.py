@@ -212,8 +212,6 @@ def test_latency_panels_give_p50_p95_p99(model):
 
 def test_every_query_reads_only_known_metrics(model):
     for query in dashboard.panel_queries(model):
-        if query.optional_reason:  # a metric vLLM defines that this export does not carry
-            continue
         unknown = dashboard.metric_names(query.expr) - KNOWN
         assert not unknown, f"{query.title}: {unknown}"
 
@@ -241,11 +239,6 @@ def test_panel_queries_substitute_every_variable(model):
     for query in queries:
         assert "$" not in query.expr
         assert "[2m]" in query.expr or "rate(" not in query.expr
-
-
-def test_only_the_kv_cache_panel_is_optional(model):
-    optional = {q.title for q in dashboard.panel_queries(model) if q.optional_reason}
-    assert optional == {"vLLM KV-cache usage"}
 
 
 def test_an_unknown_variable_is_refused():
