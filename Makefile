@@ -51,8 +51,9 @@ models-qwen15: $(MODELS)
 
 index: $(INDEX)
 
-# Rebuilt only when missing or when a document changed.
-$(INDEX): $(CORPUS) | $(INSTALLED)
+# Rebuilt only when missing, when a document changed, or when what the build writes did
+# (the BM25 part beside FAISS, for instance).
+$(INDEX): $(CORPUS) retrieval/build.py retrieval/lexical.py | $(INSTALLED)
 	$(BIN)/python -m retrieval.build --input data/corpus --output indexes/default --quiet
 
 # $(call debian_package,PACKAGE,WHO) installs Debian's PACKAGE for the target $@ as root;

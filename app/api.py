@@ -53,7 +53,7 @@ from app.schemas import (
 )
 from app.settings import Settings
 from pipeline.log import get_logger
-from pipeline.messages import CompressionPlan, Turn
+from pipeline.messages import CompressionPlan, SearchOptions, Turn
 from pipeline.rag import (
     DoneEvent,
     FailedEvent,
@@ -248,7 +248,15 @@ def _query(
         retrieval_query=options.retrieval_query or config.conversation.retrieval_query,
         answer_style=options.answer_style or config.prompt.answer_style,
         citations=config.citations.enabled if options.citations is None else options.citations,
+        search=_search(options),
     )
+
+
+def _search(options: RagOptions) -> SearchOptions:
+    asked = options.retrieval
+    if asked is None:
+        return SearchOptions()
+    return SearchOptions(asked.mode, asked.dense_weight, asked.lexical_weight)
 
 
 def _check_history(

@@ -17,9 +17,11 @@ from pipeline.messages import (
     AnswerStyle,
     CompressionMethod,
     CompressionPolicy,
+    RetrievalMode,
     RetrievalQueryMode,
 )
 from retrieval.cost_model import CompressionCostModel, CompressorCost, PrefillCost
+from retrieval.fusion import HybridParams
 from retrieval.llmlingua_compressor import LLMLinguaOptions
 from retrieval.models import resolve_model_reference
 from retrieval.preparation import LLMLinguaLoad
@@ -140,6 +142,59 @@ class EmbeddingConfig(StrictModel):
     torch_threads: int = Field(1, ge=1, description="Intra-op threads for the embedder.")
 
 
+class HybridRetrievalConfig(StrictModel):
+    """How the retriever ranks chunks: by embedding, by words (BM25), or both fused by
+    weighted reciprocal rank fusion, score = sum_i w_i / (rrf_k + rank_i). Measured on SQuAD
+    dev by `python -m bench.retrieval_modes` (docs/quality.md, "Hybrid retrieval")."""
+
+    mode: RetrievalMode = Field(
+        "hybrid",
+        description="Default ranking: 'dense' (FAISS), 'lexical' (BM25) or 'hybrid' (both, "
+        "fused). lexical and hybrid need an index built with its lexical part: set here, "
+        "the retriever refuses to start without one; left to this default, it retrieves "
+        "densely and logs a warning (an index built before the lexical part existed).",
+    )
+    dense_weight: float = Field(
+        1.0, ge=0, allow_inf_nan=False, description="Weight of the dense ranking in hybrid."
+    )
+    lexical_weight: float = Field(
+        1.0, ge=0, allow_inf_nan=False, description="Weight of the BM25 ranking in hybrid."
+    )
+    rrf_k: float = Field(
+        60.0,
+        ge=0,
+        allow_inf_nan=False,
+        description="RRF's rank offset: larger flattens the gap between first and later ranks.",
+    )
+    candidates: int = Field(
+        50,
+        ge=1,
+        description="Rows each ranker contributes to the fusion (top_k is used when larger).",
+    )
+
+    @model_validator(mode="after")
+    def _a_weight(self) -> HybridRetrievalConfig:
+        if self.dense_weight == 0 and self.lexical_weight == 0:
+            raise ValueError("at least one of dense_weight and lexical_weight must be positive")
+        return self
+
+    @property
+    def dense_fallback(self) -> bool:
+        """Whether an index without a lexical part may fall back to dense: only when the
+        mode is the default, never when the config names it."""
+        return "mode" not in self.model_fields_set
+
+    def to_params(self) -> HybridParams:
+        """The retriever's settings (retrieval.fusion.HybridParams)."""
+        return HybridParams(
+            mode=self.mode,
+            dense_weight=self.dense_weight,
+            lexical_weight=self.lexical_weight,
+            rrf_k=self.rrf_k,
+            candidates=self.candidates,
+        )
+
+
 class RetrieverConfig(StrictModel):
     index_path: str = Field("indexes/default", description="Folder written by retrieval.build.")
     use_gpu_index: bool = Field(
@@ -150,6 +205,10 @@ class RetrieverConfig(StrictModel):
     default_top_k: int = Field(5, ge=1, description="Chunks retrieved when a request names none.")
     max_top_k: int = Field(20, ge=1, description="Largest top_k a request may ask for.")
     embedding: EmbeddingConfig = EmbeddingConfig()
+    hybrid: HybridRetrievalConfig = Field(
+        HybridRetrievalConfig(),
+        description="Dense, lexical (BM25) or hybrid ranking, and the fusion's settings.",
+    )
     deployment: RetrieverReplicaConfig = RetrieverReplicaConfig()
 
     @model_validator(mode="after")

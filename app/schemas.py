@@ -6,7 +6,13 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from pipeline.messages import AnswerStyle, CompressionMethod, CompressionPolicy, RetrievalQueryMode
+from pipeline.messages import (
+    AnswerStyle,
+    CompressionMethod,
+    CompressionPolicy,
+    RetrievalMode,
+    RetrievalQueryMode,
+)
 
 
 class _Strict(BaseModel):
@@ -30,8 +36,31 @@ class CompressionOptions(_Strict):
         return self
 
 
+class RetrievalOptions(_Strict):
+    mode: RetrievalMode | None = Field(
+        None,
+        description="'dense' (embeddings, FAISS), 'lexical' (BM25) or 'hybrid' (both, fused "
+        "by weighted reciprocal rank fusion); unset: the configured default.",
+    )
+    dense_weight: float | None = Field(
+        None, ge=0, le=100, description="hybrid: the dense ranking's weight."
+    )
+    lexical_weight: float | None = Field(
+        None, ge=0, le=100, description="hybrid: the BM25 ranking's weight."
+    )
+
+    @model_validator(mode="after")
+    def _a_weight(self) -> RetrievalOptions:
+        if self.dense_weight == 0 and self.lexical_weight == 0:
+            raise ValueError("dense_weight and lexical_weight must not both be 0")
+        return self
+
+
 class RagOptions(_Strict):
     top_k: int | None = Field(None, ge=1, description="Chunks to retrieve.")
+    retrieval: RetrievalOptions | None = Field(
+        None, description="How chunks are ranked: dense, lexical or hybrid, and the weights."
+    )
     compression: CompressionOptions | None = None
     include_context: bool = Field(
         False, description="Return the (compressed) context the model saw, for evaluation."

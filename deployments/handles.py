@@ -28,6 +28,7 @@ from ray.serve.handle import (
 
 from pipeline.log import get_logger
 from pipeline.messages import (
+    DEFAULT_SEARCH,
     Attribution,
     CompressionPlan,
     Conversation,
@@ -36,6 +37,7 @@ from pipeline.messages import (
     PreparedPrompt,
     PromptSource,
     Retrieval,
+    SearchOptions,
     StageError,
 )
 from pipeline.stages import StageName, StageUnavailable
@@ -61,8 +63,10 @@ class HandleStages:
         self._available = available
         self._retry_timeout_s = retry_timeout_s
 
-    async def retrieve(self, question: str, top_k: int) -> Retrieval | StageError:
-        send = functools.partial(self.retriever.retrieve.remote, question, top_k)
+    async def retrieve(
+        self, question: str, top_k: int, search: SearchOptions = DEFAULT_SEARCH
+    ) -> Retrieval | StageError:
+        send = functools.partial(self.retriever.retrieve.remote, question, top_k, search)
         try:
             return await self._call("retriever", send)
         except _REPLICA_LOST as exc:

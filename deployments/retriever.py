@@ -4,6 +4,7 @@ requests (`@serve.batch`) and the blocking work off the event loop."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 
 import numpy as np
@@ -11,7 +12,7 @@ from ray import serve
 
 from app.config import PROJECT_ROOT, RetrieverConfig, resolve_path
 from pipeline.log import get_logger
-from pipeline.messages import Retrieval, StageError
+from pipeline.messages import DEFAULT_SEARCH, Retrieval, SearchOptions, StageError
 from retrieval.models import resolve_model_reference
 from retrieval.retriever import Retriever
 
@@ -32,24 +33,49 @@ class RetrieverDeployment:
             use_gpu_index=config.use_gpu_index,
             nprobe=config.nprobe,
             ef_search=config.ef_search,
+            hybrid=config.hybrid.to_params(),
+            dense_fallback=config.hybrid.dense_fallback,
         )
         self._embed_batch.set_max_batch_size(config.embedding.batch_size)
         self._embed_batch.set_batch_wait_timeout_s(config.embedding.batch_wait_timeout_ms / 1000)
         logger.info(
-            "retriever ready: %d chunks from %s", self._retriever.num_chunks, config.index_path
+            "retriever ready: %d chunks from %s, %s retrieval (lexical index: %s)",
+            self._retriever.num_chunks,
+            config.index_path,
+            self._retriever.hybrid.mode,
+            "yes" if self._retriever.has_lexical else "no",
         )
 
     @serve.batch(max_batch_size=32, batch_wait_timeout_s=0.005)
     async def _embed_batch(self, questions: list[str]) -> list[np.ndarray]:
         return list(await asyncio.to_thread(self._retriever.embed, questions))
 
-    async def retrieve(self, question: str, top_k: int) -> Retrieval | StageError:
-        """The `top_k` chunks most similar to `question`, best first."""
+    async def retrieve(
+        self, question: str, top_k: int, search: SearchOptions = DEFAULT_SEARCH
+    ) -> Retrieval | StageError:
+        """The `top_k` best chunks for `question`, best first, ranked as `search` asks
+        (dense, lexical or hybrid, and the weights; the configured default where it is
+        silent). The question is embedded whatever the mode: the compressor selects
+        sentences by that vector."""
         if not 1 <= top_k <= self._max_top_k:
             return StageError(400, f"top_k must be 1..{self._max_top_k}", param="top_k")
         started_at_s, started = time.time(), time.perf_counter()
         vector = await self._embed_batch(question)
-        return await asyncio.to_thread(self._retriever.search, vector, top_k, started_at_s, started)
+        rank = functools.partial(
+            self._retriever.search,
+            vector,
+            top_k,
+            started_at_s,
+            started,
+            question=question,
+            mode=search.mode,
+            dense_weight=search.dense_weight,
+            lexical_weight=search.lexical_weight,
+        )
+        try:
+            return await asyncio.to_thread(rank)
+        except ValueError as exc:  # a mode this index cannot serve (no BM25 part), bad weights
+            return StageError(400, str(exc), param="retrieval", code="invalid_retrieval")
 
     async def check_health(self) -> None:
         """Serve's health check: the index is loaded (nothing that waits on requests)."""

@@ -36,6 +36,9 @@ ANSWER_STYLES: tuple[AnswerStyle, ...] = ("short", "explained")
 # the recent user turns joined, or a standalone question rewritten by the generator.
 RetrievalQueryMode = Literal["last", "join", "rewrite"]
 RETRIEVAL_QUERY_MODES: tuple[RetrievalQueryMode, ...] = ("last", "join", "rewrite")
+# How the retriever ranks chunks: by embedding (FAISS), by words (BM25), or both fused.
+RetrievalMode = Literal["dense", "lexical", "hybrid"]
+RETRIEVAL_MODES: tuple[RetrievalMode, ...] = ("dense", "lexical", "hybrid")
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,6 +50,19 @@ class StageError:
     type: str = "invalid_request_error"
     param: str | None = None
     code: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class SearchOptions:
+    """How one request wants its chunks ranked; a field left None takes the retriever's
+    configured default (retriever.hybrid)."""
+
+    mode: RetrievalMode | None = None
+    dense_weight: float | None = None
+    lexical_weight: float | None = None
+
+
+DEFAULT_SEARCH = SearchOptions()
 
 
 @dataclass(frozen=True, slots=True)

@@ -31,6 +31,7 @@ from pipeline.conversation import (
 )
 from pipeline.log import get_logger
 from pipeline.messages import (
+    DEFAULT_SEARCH,
     AnswerStyle,
     Attribution,
     Citation,
@@ -44,6 +45,7 @@ from pipeline.messages import (
     Retrieval,
     RetrievalQuery,
     RetrievalQueryMode,
+    SearchOptions,
     StageError,
     StageTiming,
     TokenEvent,
@@ -82,6 +84,7 @@ class RagQuery:
     retrieval_query: RetrievalQueryMode = "join"
     answer_style: AnswerStyle = "explained"
     citations: bool = True
+    search: SearchOptions = DEFAULT_SEARCH
     received_at: float = field(default_factory=time.perf_counter)
 
 
@@ -348,7 +351,7 @@ class RagPipeline:
 
     async def _retrieve(self, query: RagQuery, search_text: str) -> tuple[Retrieval, HopTiming]:
         called_at_s, started = time.time(), time.perf_counter()
-        retrieval = _unwrap(await self._stages.retrieve(search_text, query.top_k))
+        retrieval = _unwrap(await self._stages.retrieve(search_text, query.top_k, query.search))
         hop = HopTiming.of(retrieval.timing, called_at_s, _ms(started, time.perf_counter()))
         return retrieval, hop
 

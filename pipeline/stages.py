@@ -11,6 +11,7 @@ from collections.abc import AsyncGenerator, Sequence
 from typing import Literal, Protocol
 
 from pipeline.messages import (
+    DEFAULT_SEARCH,
     Attribution,
     CompressionPlan,
     Conversation,
@@ -19,6 +20,7 @@ from pipeline.messages import (
     PreparedPrompt,
     PromptSource,
     Retrieval,
+    SearchOptions,
     StageError,
     Turn,
 )
@@ -42,7 +44,9 @@ class StageUnavailable(Exception):
 class Stages(Protocol):
     """The three downstream stages, however they are reached."""
 
-    async def retrieve(self, question: str, top_k: int) -> Retrieval | StageError: ...
+    async def retrieve(
+        self, question: str, top_k: int, search: SearchOptions = DEFAULT_SEARCH
+    ) -> Retrieval | StageError: ...
 
     async def prepare(
         self,

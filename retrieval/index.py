@@ -1,8 +1,12 @@
 """A FAISS vector index saved beside its chunk metadata and sentence embeddings.
 
 Vectors are unit-normalised, so inner product is cosine similarity. `flat` is exact search
-(right for small collections); `hnsw` and `ivf` are approximate, for large ones. On a machine
-where faiss sees a GPU, `flat` and `ivf` indexes are moved to it when asked.
+(right for small collections); `hnsw` and `ivf` are approximate, for large ones; `auto` picks
+one of them from the number of chunks (`AUTO_TIERS`, measured by bench.retrieval_scale). On a
+machine where faiss sees a GPU, `flat` and `ivf` indexes are moved to it when asked.
+
+An approximate index's search breadth (`nprobe`, `ef_search`) is stored in the manifest when
+the build sets it, and applied on load; the retriever's config overrides it when set.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from retrieval.chunking import Chunk
 logger = logging.getLogger(__name__)
 
 IndexKind = Literal["flat", "hnsw", "ivf"]
+RequestedKind = Literal["auto", "flat", "hnsw", "ivf"]
 INDEX_FILE = "index.faiss"
 CHUNKS_FILE = "chunks.jsonl"
 SENTENCES_FILE = "sentence_embeddings.npy"
@@ -32,9 +37,42 @@ FORMAT_VERSION = 1
 
 @dataclass(frozen=True)
 class IndexParams:
-    kind: IndexKind = "flat"
+    """How to build the FAISS index; `auto` is resolved to a kind by `resolve_index_params`.
+
+    `hnsw_ef_construction` 40 is faiss's own default. `nprobe` / `ef_search` (None: faiss's
+    defaults, 1 and 16) are written to the manifest and set again on every load."""
+
+    kind: RequestedKind = "flat"
     hnsw_m: int = 32
     ivf_nlist: int = 1024
+    hnsw_ef_construction: int = 40
+    nprobe: int | None = None
+    ef_search: int | None = None
+
+
+# What `auto` builds, by collection size: the first tier whose bound (chunks, inclusive) holds
+# the collection; None is no bound. From bench.retrieval_scale (docs/benchmarks.md, "Retrieval
+# at scale"): TIERS_PLACEHOLDER
+AutoTiers = Sequence[tuple[int | None, IndexParams]]
+AUTO_TIERS: AutoTiers = (
+    (50_000, IndexParams(kind="flat")),
+    (None, IndexParams(kind="hnsw", hnsw_m=32, ef_search=128)),
+)
+
+
+def resolve_index_params(
+    params: IndexParams, num_chunks: int, tiers: AutoTiers = AUTO_TIERS
+) -> IndexParams:
+    """`params` itself for an explicit kind; for `auto`, the first of `tiers` whose bound
+    holds `num_chunks` (a tier may not itself be `auto`)."""
+    if params.kind != "auto":
+        return params
+    for max_chunks, tier in tiers:
+        if max_chunks is None or num_chunks <= max_chunks:
+            if tier.kind == "auto":
+                raise ValueError("an auto tier must name a kind")
+            return tier
+    raise ValueError(f"no auto tier holds {num_chunks} chunks: end the tiers with a None bound")
 
 
 @dataclass(frozen=True)
@@ -86,14 +124,20 @@ class FaissIndex:
         sentence_embeddings: np.ndarray,
         manifest: Manifest,
         params: IndexParams,
+        auto_tiers: AutoTiers = AUTO_TIERS,
     ) -> FaissIndex:
-        """Create and fill the FAISS index for `chunk_embeddings` (one row per chunk)."""
+        """Create and fill the FAISS index for `chunk_embeddings` (one row per chunk); an
+        `auto` kind is resolved from the number of chunks by `auto_tiers`, and the manifest
+        records the resolved parameters."""
         if len(chunk_embeddings) != len(chunks):
             raise ValueError("one embedding row per chunk is required")
-        faiss_index = _new_faiss_index(chunk_embeddings, params)
+        params = resolve_index_params(params, len(chunks), auto_tiers)
+        faiss_index = new_faiss_index(chunk_embeddings, params)
         faiss_index.add(chunk_embeddings)
         manifest.index = asdict(params)
-        return cls(faiss_index, chunks, sentence_embeddings, manifest)
+        index = cls(faiss_index, chunks, sentence_embeddings, manifest)
+        index.set_search_params(nprobe=params.nprobe, ef_search=params.ef_search)
+        return index
 
     def save(self, directory: Path) -> None:
         """Write the index, chunks, sentence embeddings and manifest into `directory`."""
@@ -131,7 +175,12 @@ class FaissIndex:
         )
         if len(chunks) != faiss_index.ntotal:
             raise ValueError(f"{directory}: {len(chunks)} chunks but {faiss_index.ntotal} vectors")
-        return cls(faiss_index, chunks, sentence_embeddings, manifest)
+        index = cls(faiss_index, chunks, sentence_embeddings, manifest)
+        # Manifests written before these fields existed have neither: faiss's defaults stay.
+        index.set_search_params(
+            nprobe=manifest.index.get("nprobe"), ef_search=manifest.index.get("ef_search")
+        )
+        return index
 
     @property
     def version(self) -> str:
@@ -151,11 +200,22 @@ class FaissIndex:
         )
 
     def set_search_params(self, nprobe: int | None = None, ef_search: int | None = None) -> None:
-        """Tune recall against speed for the approximate kinds (ignored by `flat`)."""
+        """Tune recall against speed for the approximate kinds (ignored by `flat`); None
+        leaves a setting as it is."""
         if nprobe is not None and hasattr(self._index, "nprobe"):
             self._index.nprobe = nprobe
         if ef_search is not None and hasattr(self._index, "hnsw"):
             self._index.hnsw.efSearch = ef_search
+
+    @property
+    def search_params(self) -> dict[str, int]:
+        """The search breadth in force: {"nprobe": n} for IVF, {"ef_search": n} for HNSW,
+        {} for flat."""
+        if hasattr(self._index, "nprobe"):
+            return {"nprobe": int(self._index.nprobe)}
+        if hasattr(self._index, "hnsw"):
+            return {"ef_search": int(self._index.hnsw.efSearch)}
+        return {}
 
     def search(self, queries: np.ndarray, top_k: int) -> list[list[SearchHit]]:
         """Top-k chunks per query row, best first; fewer when the index holds fewer chunks."""
@@ -169,14 +229,20 @@ class FaissIndex:
         ]
 
 
-def _new_faiss_index(embeddings: np.ndarray, params: IndexParams):
+def new_faiss_index(embeddings: np.ndarray, params: IndexParams):
+    """An empty FAISS index of `params.kind` (not `auto`), trained on `embeddings` for IVF;
+    the caller adds the vectors. bench.retrieval_scale measures exactly these indexes."""
     import faiss
 
     dimension = embeddings.shape[1]
+    if params.kind == "auto":
+        raise ValueError("resolve an auto kind first (resolve_index_params)")
     if params.kind == "flat":
         return faiss.IndexFlatIP(dimension)
     if params.kind == "hnsw":
-        return faiss.IndexHNSWFlat(dimension, params.hnsw_m, faiss.METRIC_INNER_PRODUCT)
+        hnsw = faiss.IndexHNSWFlat(dimension, params.hnsw_m, faiss.METRIC_INNER_PRODUCT)
+        hnsw.hnsw.efConstruction = params.hnsw_ef_construction
+        return hnsw
     # IVF needs training data: cap the number of lists at what the collection supports.
     nlist = max(1, min(params.ivf_nlist, len(embeddings) // 39))
     quantizer = faiss.IndexFlatIP(dimension)

@@ -116,6 +116,17 @@ def test_system_prompt_is_cached_across_different_questions(client):
     assert other["usage"]["cached_prompt_tokens"] >= 128
 
 
+@pytest.mark.parametrize("mode", ["dense", "lexical", "hybrid"])
+def test_each_retrieval_mode_finds_the_document_that_names_the_term(client, chunk_ids, mode):
+    body = ask(
+        client, question="What is PagedAttention?", top_k=3, max_tokens=4,
+        retrieval={"mode": mode},
+    )  # fmt: skip
+
+    assert {source["id"] for source in body["sources"]} <= chunk_ids
+    assert body["sources"][0]["doc_id"] == "pagedattention-and-kv-blocks"
+
+
 @pytest.mark.parametrize("method", ["sentences", "llmlingua"])
 def test_compression_shrinks_context_and_keeps_valid_source_ids(client, chunk_ids, method):
     # "always": the method itself, not the shipped `auto` policy's call on it.

@@ -18,6 +18,7 @@ from app.config import RagAppConfig
 from app.readiness import ReadinessMonitor
 from app.settings import Settings
 from pipeline.messages import (
+    DEFAULT_SEARCH,
     Attribution,
     Citation,
     CompressionDecision,
@@ -29,6 +30,7 @@ from pipeline.messages import (
     PromptSource,
     Retrieval,
     RetrievedChunk,
+    SearchOptions,
     StageError,
     StageTiming,
     TokenEvent,
@@ -68,10 +70,14 @@ class FakeStages:
     decision: CompressionDecision | None = None
     attribute_result: Attribution | StageError | Exception | None = None
     calls: list[tuple[str, tuple]] = field(default_factory=list)
+    searches: list[SearchOptions] = field(default_factory=list)
     conversations: list[Conversation] = field(default_factory=list)
 
-    async def retrieve(self, question: str, top_k: int) -> Retrieval | StageError:
+    async def retrieve(
+        self, question: str, top_k: int, search: SearchOptions = DEFAULT_SEARCH
+    ) -> Retrieval | StageError:
         self.calls.append(("retrieve", (question, top_k)))
+        self.searches.append(search)
         if isinstance(self.retrieve_result, Exception):
             raise self.retrieve_result
         return self.retrieve_result or retrieval_of()

@@ -17,6 +17,7 @@ from app.settings import Settings
 from pipeline.messages import (
     CompressionPlan,
     ErrorEvent,
+    SearchOptions,
     StageError,
     TokenEvent,
 )
@@ -187,6 +188,37 @@ def test_request_options_reach_the_stages(client, stages, options, plan):
     assert stages.called("generate")[0][1:] == (64, 0.7)
 
 
+@pytest.mark.parametrize(
+    ("retrieval", "search"),
+    [
+        (None, SearchOptions()),
+        ({"mode": "lexical"}, SearchOptions("lexical")),
+        (
+            {"mode": "hybrid", "dense_weight": 2, "lexical_weight": 0.5},
+            SearchOptions("hybrid", 2.0, 0.5),
+        ),
+    ],
+)
+def test_retrieval_options_reach_the_retriever(client, stages, retrieval, search):
+    body = {"question": "Q?", **({"retrieval": retrieval} if retrieval else {})}
+
+    assert client.post(QUERY, json=body).status_code == 200
+
+    assert stages.searches == [search]
+
+
+def test_retrieval_options_ride_on_the_chat_endpoints_rag_field(client, stages):
+    body = {
+        "model": "smollm2-135m-instruct",
+        "messages": [{"role": "user", "content": "Q?"}],
+        "rag": {"retrieval": {"mode": "hybrid"}},
+    }
+
+    assert client.post("/v1/chat/completions", json=body).status_code == 200
+
+    assert stages.searches == [SearchOptions("hybrid")]
+
+
 def test_incoming_request_id_is_kept(client):
     response = client.post(QUERY, json={"question": "Q?"}, headers={"x-request-id": "req-42"})
 
@@ -234,6 +266,13 @@ def test_stream_sends_sources_then_deltas_then_done_then_DONE(client):
         ({"question": "Q?", "foo": 1}, "foo", "unknown_field"),
         ({"question": "Q?", "compression": {"bogus": 1}}, "compression.bogus", "unknown_field"),
         ({"question": "Q?", "compression": {"method": "zip"}}, "compression.method", None),
+        ({"question": "Q?", "retrieval": {"mode": "sparse"}}, "retrieval.mode", None),
+        ({"question": "Q?", "retrieval": {"dense_weight": -1}}, "retrieval.dense_weight", None),
+        (
+            {"question": "Q?", "retrieval": {"dense_weight": 0, "lexical_weight": 0}},
+            "retrieval",
+            None,
+        ),
         (
             {"question": "Q?", "compression": {"rate": 0.5, "target_tokens": 10}},
             "compression",

@@ -20,6 +20,7 @@ from ray.serve.exceptions import BackPressureError, DeploymentUnavailableError
 
 from deployments.handles import HandleStages
 from pipeline.messages import (
+    DEFAULT_SEARCH,
     FinishEvent,
     GenerationRequest,
     StageError,
@@ -210,7 +211,7 @@ def test_retrieve_and_prepare_pass_through_the_stage_answers():
 
     assert bounded(stages.retrieve("Q?", 3)) == "retrieval"
     assert bounded(stages.prepare("Q?", "retrieval", "plan", 64)) == "prepared"  # type: ignore[arg-type]
-    assert method_of(stages, "retriever").args == [("Q?", 3)]
+    assert method_of(stages, "retriever").args == [("Q?", 3, DEFAULT_SEARCH)]
     assert method_of(stages, "compressor").args == [("Q?", "retrieval", "plan", 64)]
 
 
@@ -258,7 +259,7 @@ def test_a_retrieval_whose_replica_was_lost_is_sent_once_more(lost):
 
     assert bounded(call(stages, "retriever")) == "answer"
     method = method_of(stages, "retriever")
-    assert method.args == [("Q?", 3), ("Q?", 3)]
+    assert method.args == [("Q?", 3, DEFAULT_SEARCH)] * 2
 
 
 @pytest.mark.parametrize("lost", REPLICA_LOST)

@@ -17,6 +17,7 @@ import pytest
 
 from pipeline.conversation import ConversationSettings
 from pipeline.messages import (
+    DEFAULT_SEARCH,
     Attribution,
     Citation,
     CompressionDecision,
@@ -31,6 +32,7 @@ from pipeline.messages import (
     Retrieval,
     RetrievalQuery,
     RetrievedChunk,
+    SearchOptions,
     StageError,
     StageTiming,
     TokenEvent,
@@ -115,6 +117,7 @@ class FakeStages:
     prepare_blocks: bool = False
     script: tuple[Any, ...] = DEFAULT_SCRIPT
     calls: list[tuple[str, tuple]] = field(default_factory=list)
+    searches: list[SearchOptions] = field(default_factory=list)
     prepare_cancelled: bool = False
     generate_closed: bool = False
     # What attribute answers (None: one citation of the first source); a float: a pause.
@@ -122,8 +125,11 @@ class FakeStages:
     # A script per generate call, in order, before `script` (e.g. a rewrite's reply).
     scripts: list[tuple[Any, ...]] = field(default_factory=list)
 
-    async def retrieve(self, question: str, top_k: int) -> Retrieval | StageError:
+    async def retrieve(
+        self, question: str, top_k: int, search: SearchOptions = DEFAULT_SEARCH
+    ) -> Retrieval | StageError:
         self.calls.append(("retrieve", (question, top_k)))
+        self.searches.append(search)
         if isinstance(self.retrieve_result, BaseException):
             raise self.retrieve_result
         return self.retrieve_result or retrieval()
@@ -376,7 +382,9 @@ def test_a_local_hop_is_all_own_time():
 
 def test_the_wait_before_a_stage_starts_is_its_queue_time():
     class QueueingStages(FakeStages):
-        async def retrieve(self, question: str, top_k: int) -> Retrieval | StageError:
+        async def retrieve(
+            self, question: str, top_k: int, search: SearchOptions = DEFAULT_SEARCH
+        ) -> Retrieval | StageError:
             await asyncio.sleep(0.02)  # waits 20 ms before it begins the work
             return Retrieval(np.ones(4), CHUNKS, "v1", StageTiming(time.time(), 1.0))
 

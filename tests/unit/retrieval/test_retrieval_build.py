@@ -11,6 +11,7 @@ import hashlib
 import os
 import re
 import time
+from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
@@ -18,7 +19,7 @@ import pytest
 
 from retrieval.build import build_index
 from retrieval.chunking import ChunkingParams
-from retrieval.index import FaissIndex, IndexParams
+from retrieval.index import AUTO_TIERS, FaissIndex, IndexParams
 
 DIMENSION = 8
 
@@ -62,7 +63,7 @@ def corpus(tmp_path: Path) -> Path:
     return root
 
 
-def _build(corpus: Path, output: Path, embedder=None, **params):
+def _build(corpus: Path, output: Path, embedder=None, auto_tiers=AUTO_TIERS, **params):
     return build_index(
         corpus,
         output,
@@ -71,6 +72,7 @@ def _build(corpus: Path, output: Path, embedder=None, **params):
         ChunkingParams(chunk_tokens=8, overlap_tokens=3),
         IndexParams(**params),
         show_progress=False,
+        auto_tiers=auto_tiers,
     )
 
 
@@ -202,7 +204,8 @@ def test_command_line_builds_the_requested_index(corpus, tmp_path, monkeypatch):
         [
             "--input", str(corpus), "--output", str(output), "--embedding-model", "org/embedder",
             "--batch-size", "7", "--chunk-tokens", "8", "--overlap-tokens", "3",
-            "--index-kind", "hnsw", "--hnsw-m", "4", "--quiet",
+            "--index-kind", "hnsw", "--hnsw-m", "4", "--hnsw-ef-construction", "20",
+            "--ef-search", "50", "--quiet",
         ]
     )  # fmt: skip
 
@@ -210,5 +213,55 @@ def test_command_line_builds_the_requested_index(corpus, tmp_path, monkeypatch):
     assert loaded_with == [("org/embedder", "cpu", 7)]
     manifest = FaissIndex.load(output).manifest
     assert manifest.embedding_model == "org/embedder"
-    assert manifest.index == {"kind": "hnsw", "hnsw_m": 4, "ivf_nlist": 1024}
+    assert manifest.index == {
+        "kind": "hnsw", "hnsw_m": 4, "ivf_nlist": 1024, "hnsw_ef_construction": 20,
+        "nprobe": None, "ef_search": 50,
+    }  # fmt: skip
     assert manifest.chunking == {"chunk_tokens": 8, "overlap_tokens": 3}
+    assert FaissIndex.load(output).search_params == {"ef_search": 50}
+
+
+@pytest.fixture
+def fake_embedder(monkeypatch):
+    from retrieval import build as build_module
+
+    monkeypatch.setattr(build_module.Embedder, "load", staticmethod(lambda *a, **k: HashEmbedder()))
+    return build_module
+
+
+def test_command_line_defaults_to_auto_which_keeps_a_small_collection_exact(
+    corpus, tmp_path, fake_embedder
+):
+    output = tmp_path / "cli-index"
+
+    assert fake_embedder.main(["--input", str(corpus), "--output", str(output), "--quiet"]) == 0
+
+    loaded = FaissIndex.load(output)
+    assert loaded.manifest.index == asdict(IndexParams(kind="flat"))
+    assert loaded.search_params == {}
+
+
+def test_command_line_ivf_keeps_its_nprobe(corpus, tmp_path, fake_embedder):
+    output = tmp_path / "cli-index"
+    argv = ["--input", str(corpus), "--output", str(output), "--quiet"]
+
+    assert fake_embedder.main([*argv, "--index-kind", "ivf", "--nprobe", "2"]) == 0
+
+    loaded = FaissIndex.load(output)
+    assert (loaded.manifest.index["kind"], loaded.manifest.index["nprobe"]) == ("ivf", 2)
+    assert loaded.search_params == {"nprobe": 2}
+
+
+def test_auto_picks_by_the_number_of_chunks_against_the_tiers_given(corpus, tmp_path):
+    hnsw = IndexParams(kind="hnsw", hnsw_m=4, ef_search=40)
+    few = _build(
+        corpus, tmp_path / "a", auto_tiers=[(1000, IndexParams()), (None, hnsw)], kind="auto"
+    )
+    chunks = few.manifest.num_chunks
+    many = _build(
+        corpus, tmp_path / "b", auto_tiers=[(chunks - 1, IndexParams()), (None, hnsw)], kind="auto"
+    )
+
+    assert few.manifest.index["kind"] == "flat"
+    assert FaissIndex.load(tmp_path / "b").manifest.index == asdict(hnsw)
+    assert FaissIndex.load(tmp_path / "b").search_params == many.search_params == {"ef_search": 40}

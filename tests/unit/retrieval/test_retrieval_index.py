@@ -1,5 +1,6 @@
 """retrieval.index: FaissIndex build/save/load/search with real faiss on small vectors, the
-hits as RetrievedChunks, and the version that ties an index to its sentence store."""
+hits as RetrievedChunks, the version that ties an index to its sentence store, and the `auto`
+kind with the search breadth kept in the manifest (small tiers, so the tests stay fast)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import pytest
 from pipeline.messages import RetrievedChunk
 from retrieval.chunking import Chunk
 from retrieval.index import (
+    AUTO_TIERS,
     CHUNKS_FILE,
     FORMAT_VERSION,
     INDEX_FILE,
@@ -23,8 +25,10 @@ from retrieval.index import (
     IndexParams,
     Manifest,
     manifest_version,
+    new_faiss_index,
     read_chunks,
     read_manifest,
+    resolve_index_params,
 )
 
 DIMENSION = 16
@@ -54,7 +58,7 @@ def indexed_chunks(n: int) -> list[IndexedChunk]:
     return [indexed_chunk(i) for i in range(n)]
 
 
-def build(n: int, params: IndexParams) -> tuple[FaissIndex, np.ndarray]:
+def build(n: int, params: IndexParams, auto_tiers=AUTO_TIERS) -> tuple[FaissIndex, np.ndarray]:
     vectors = unit_vectors(n)
     manifest = Manifest(
         embedding_model="fake-model",
@@ -65,7 +69,7 @@ def build(n: int, params: IndexParams) -> tuple[FaissIndex, np.ndarray]:
         chunking={"chunk_tokens": 20, "overlap_tokens": 4},
     )
     index = FaissIndex.build(
-        vectors, indexed_chunks(n), unit_vectors(2 * n, seed=1), manifest, params
+        vectors, indexed_chunks(n), unit_vectors(2 * n, seed=1), manifest, params, auto_tiers
     )
     return index, vectors
 
@@ -290,3 +294,103 @@ def test_read_manifest_and_read_chunks_return_what_was_saved(tmp_path):
 def test_read_manifest_explains_a_missing_index(tmp_path):
     with pytest.raises(FileNotFoundError, match=r"no index at .*retrieval\.build"):
         read_manifest(tmp_path / "missing")
+
+
+SMALL_TIERS = (
+    (10, IndexParams(kind="flat")),
+    (100, IndexParams(kind="ivf", ivf_nlist=4, nprobe=3)),
+    (None, IndexParams(kind="hnsw", hnsw_m=8, hnsw_ef_construction=20, ef_search=24)),
+)
+
+
+@pytest.mark.parametrize(
+    ("num_chunks", "kind"), [(0, "flat"), (10, "flat"), (11, "ivf"), (100, "ivf"), (101, "hnsw")]
+)
+def test_auto_takes_the_first_tier_whose_bound_holds_the_collection(num_chunks, kind):
+    resolved = resolve_index_params(IndexParams(kind="auto"), num_chunks, SMALL_TIERS)
+
+    assert resolved.kind == kind
+    assert resolved in [params for _, params in SMALL_TIERS]
+
+
+def test_an_explicit_kind_is_kept_whatever_the_size():
+    params = IndexParams(kind="ivf", ivf_nlist=7)
+
+    assert resolve_index_params(params, 10**9, SMALL_TIERS) is params
+
+
+def test_auto_tiers_must_cover_every_size_and_name_a_kind():
+    with pytest.raises(ValueError, match="no auto tier holds 11 chunks"):
+        resolve_index_params(IndexParams(kind="auto"), 11, SMALL_TIERS[:1])
+    with pytest.raises(ValueError, match="must name a kind"):
+        resolve_index_params(IndexParams(kind="auto"), 1, [(None, IndexParams(kind="auto"))])
+    with pytest.raises(ValueError, match="resolve an auto kind first"):
+        new_faiss_index(unit_vectors(3), IndexParams(kind="auto"))
+
+
+def test_the_shipped_tiers_keep_small_collections_exact_and_end_unbounded():
+    assert resolve_index_params(IndexParams(kind="auto"), 122).kind == "flat"
+    assert AUTO_TIERS[-1][0] is None
+    bounds = [bound for bound, _ in AUTO_TIERS[:-1]]
+    assert bounds == sorted(bounds)
+    assert resolve_index_params(IndexParams(kind="auto"), 10**7).kind == "hnsw"
+
+
+@pytest.mark.parametrize(
+    ("n", "kind", "search_params"),
+    [(8, "flat", {}), (160, "hnsw", {"ef_search": 24}), (60, "ivf", {"nprobe": 3})],
+)
+def test_auto_build_records_the_resolved_params_and_search_breadth_survives_load(
+    tmp_path, n, kind, search_params
+):
+    index, vectors = build(n, IndexParams(kind="auto"), SMALL_TIERS)
+    index.save(tmp_path)
+
+    loaded = FaissIndex.load(tmp_path)
+
+    assert loaded.manifest.index["kind"] == kind
+    assert index.search_params == loaded.search_params == search_params
+    assert loaded.search(vectors[:4], 1) == index.search(vectors[:4], 1)
+
+
+def test_hnsw_build_uses_the_construction_breadth():
+    index, _ = build(60, IndexParams(kind="hnsw", hnsw_m=8, hnsw_ef_construction=33))
+
+    assert index._index.hnsw.efConstruction == 33
+    assert index.manifest.index["hnsw_ef_construction"] == 33
+
+
+def test_the_config_overrides_the_manifest_breadth_and_none_leaves_it(tmp_path):
+    index, _ = build(60, IndexParams(kind="hnsw", hnsw_m=8, ef_search=24))
+    index.save(tmp_path)
+    loaded = FaissIndex.load(tmp_path)
+
+    loaded.set_search_params(nprobe=None, ef_search=None)
+    assert loaded.search_params == {"ef_search": 24}
+    loaded.set_search_params(ef_search=99)
+    assert loaded.search_params == {"ef_search": 99}
+
+
+@pytest.mark.parametrize(
+    ("params", "n", "default"),
+    [
+        (IndexParams(kind="hnsw", hnsw_m=8), 60, {"ef_search": 16}),
+        (IndexParams(kind="ivf", ivf_nlist=4), 160, {"nprobe": 1}),
+        (IndexParams(kind="flat"), 8, {}),
+    ],
+)
+def test_an_index_whose_manifest_predates_the_search_fields_still_loads(
+    tmp_path, params, n, default
+):
+    index, vectors = build(n, params)
+    index.save(tmp_path)
+    manifest = json.loads((tmp_path / MANIFEST_FILE).read_text())
+    old_fields = {"kind", "hnsw_m", "ivf_nlist"}
+    manifest["index"] = {k: v for k, v in manifest["index"].items() if k in old_fields}
+    (tmp_path / MANIFEST_FILE).write_text(json.dumps(manifest))
+
+    loaded = FaissIndex.load(tmp_path)
+
+    assert set(loaded.manifest.index) == old_fields
+    assert loaded.search_params == default  # faiss's own defaults
+    assert loaded.search(vectors[:1], 1)[0][0].position == 0
