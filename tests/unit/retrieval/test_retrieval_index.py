@@ -333,7 +333,9 @@ def test_the_shipped_tiers_keep_small_collections_exact_and_end_unbounded():
     assert AUTO_TIERS[-1][0] is None
     bounds = [bound for bound, _ in AUTO_TIERS[:-1]]
     assert bounds == sorted(bounds)
-    assert resolve_index_params(IndexParams(kind="auto"), 10**7).kind == "hnsw"
+    large = resolve_index_params(IndexParams(kind="auto"), 10**7)
+    assert large.kind == "hnsw"
+    assert large.ef_search is not None  # kept in the manifest, so the retriever uses it
 
 
 @pytest.mark.parametrize(
