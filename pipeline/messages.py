@@ -39,6 +39,12 @@ RETRIEVAL_QUERY_MODES: tuple[RetrievalQueryMode, ...] = ("last", "join", "rewrit
 # How the retriever ranks chunks: by embedding (FAISS), by words (BM25), or both fused.
 RetrievalMode = Literal["dense", "lexical", "hybrid"]
 RETRIEVAL_MODES: tuple[RetrievalMode, ...] = ("dense", "lexical", "hybrid")
+# The collection a query searches when it names none: the shipped corpus
+# (retriever.index_path), read-only; users' own collections are created over the API.
+DEFAULT_COLLECTION = "default"
+# A collection's name: lower-case letters, digits, '-' and '_', at most 63 characters (it is
+# a folder name, and appears in URLs).
+COLLECTION_NAME_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,62}$"
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,6 +66,8 @@ class SearchOptions:
     mode: RetrievalMode | None = None
     dense_weight: float | None = None
     lexical_weight: float | None = None
+    # The collection to search; None is the shipped corpus (DEFAULT_COLLECTION).
+    collection: str | None = None
 
 
 DEFAULT_SEARCH = SearchOptions()
@@ -132,6 +140,9 @@ class Retrieval:
     chunks: tuple[RetrievedChunk, ...]
     index_version: str
     timing: StageTiming
+    # The collection searched: with `index_version`, the one version folder every later
+    # stage of this request reads (the compressor's sentence store among them).
+    collection: str = DEFAULT_COLLECTION
 
 
 @dataclass(frozen=True, slots=True)
