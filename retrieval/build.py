@@ -62,7 +62,7 @@ def build_index(
     ]
     logger.info("%d documents -> %d chunks", len(documents), len(chunks))
     chunk_vectors = embedder.encode([c.text for c in chunks], show_progress=show_progress)
-    indexed_chunks, sentence_texts = _index_sentences(chunks)
+    indexed_chunks, sentence_texts = index_sentences(chunks)
     sentence_vectors = embedder.encode(sentence_texts, show_progress=show_progress)
     manifest = Manifest(
         embedding_model=embedding_model,
@@ -89,7 +89,7 @@ def build_index(
     return index
 
 
-def _index_sentences(chunks: Sequence[Chunk]) -> tuple[list[IndexedChunk], list[str]]:
+def index_sentences(chunks: Sequence[Chunk]) -> tuple[list[IndexedChunk], list[str]]:
     """Give each distinct sentence one row (overlapping chunks share rows)."""
     rows: dict[str, int] = {}
     indexed = []

@@ -187,6 +187,11 @@ class FaissIndex:
         return index
 
     @property
+    def faiss_index(self):
+        """The faiss index itself (retrieval.incremental copies it and reads its vectors)."""
+        return self._index
+
+    @property
     def version(self) -> str:
         """Identifies this build of the index (see `manifest_version`)."""
         return manifest_version(self.manifest)
@@ -247,12 +252,17 @@ def new_faiss_index(embeddings: np.ndarray, params: IndexParams):
         hnsw = faiss.IndexHNSWFlat(dimension, params.hnsw_m, faiss.METRIC_INNER_PRODUCT)
         hnsw.hnsw.efConstruction = params.hnsw_ef_construction
         return hnsw
-    # IVF needs training data: cap the number of lists at what the collection supports.
-    nlist = max(1, min(params.ivf_nlist, len(embeddings) // 39))
+    nlist = ivf_lists(params, len(embeddings))
     quantizer = faiss.IndexFlatIP(dimension)
     index = faiss.IndexIVFFlat(quantizer, dimension, nlist, faiss.METRIC_INNER_PRODUCT)
     index.train(embeddings)
     return index
+
+
+def ivf_lists(params: IndexParams, num_vectors: int) -> int:
+    """The number of IVF lists `new_faiss_index` trains for `num_vectors`: IVF needs training
+    data, so `params.ivf_nlist` is capped at what the collection supports."""
+    return max(1, min(params.ivf_nlist, num_vectors // 39))
 
 
 def _maybe_to_gpu(faiss_index, kind: str):

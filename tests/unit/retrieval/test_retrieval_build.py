@@ -1,51 +1,25 @@
 """retrieval.build.build_index end to end on a tiny corpus, with a fake embedder.
 
-The embedder is faked because these tests are about chunking, sentence-row bookkeeping and
-the atomic swap; the real sentence-transformers embedder is exercised by the integration tests.
+The embedder is faked (retrieval_fakes.HashEmbedder) because these tests are about chunking,
+sentence-row bookkeeping and the atomic swap; the real sentence-transformers embedder is
+exercised by the integration tests.
 """
 
 from __future__ import annotations
 
 import calendar
-import hashlib
 import os
-import re
 import time
 from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
 import pytest
+from retrieval_fakes import DIMENSION, HashEmbedder
 
 from retrieval.build import build_index
 from retrieval.chunking import ChunkingParams
 from retrieval.index import AUTO_TIERS, FaissIndex, IndexParams
-
-DIMENSION = 8
-
-
-class HashEmbedder:
-    """Deterministic unit vectors from a hash of the text; whitespace tokens."""
-
-    dimension = DIMENSION
-
-    def __init__(self) -> None:
-        self.encode_calls: list[list[str]] = []
-
-    @staticmethod
-    def vector(text: str) -> np.ndarray:
-        seed = int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "little")
-        vector = np.random.default_rng(seed).standard_normal(DIMENSION).astype(np.float32)
-        return vector / np.linalg.norm(vector)
-
-    def encode(self, texts, show_progress: bool = False) -> np.ndarray:
-        self.encode_calls.append(list(texts))
-        if not texts:
-            return np.zeros((0, DIMENSION), dtype=np.float32)
-        return np.stack([self.vector(t) for t in texts])
-
-    def token_offsets(self, text: str) -> list[tuple[int, int]]:
-        return [m.span() for m in re.finditer(r"\S+", text)]
 
 
 @pytest.fixture

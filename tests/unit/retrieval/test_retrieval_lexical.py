@@ -8,14 +8,12 @@ fusion's wiring; BM25 itself is real.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
-import re
 import shutil
 from pathlib import Path
 
-import numpy as np
 import pytest
+from retrieval_fakes import HashEmbedder
 
 from retrieval import retriever as retriever_module
 from retrieval.build import build_index
@@ -30,8 +28,6 @@ from retrieval.lexical import (
 )
 from retrieval.retriever import Retriever
 
-DIMENSION = 8
-
 TEXTS = [
     "The Normans settled in Normandy in the tenth century.",
     "Photosynthesis converts light energy into chemical energy in chloroplasts.",
@@ -39,26 +35,6 @@ TEXTS = [
     "Oxygen is released as a by-product of photosynthesis.",
     "The of and a to in",
 ]
-
-
-class HashEmbedder:
-    """Deterministic unit vectors from a hash of the text; whitespace tokens."""
-
-    dimension = DIMENSION
-
-    @staticmethod
-    def vector(text: str) -> np.ndarray:
-        seed = int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "little")
-        vector = np.random.default_rng(seed).standard_normal(DIMENSION).astype(np.float32)
-        return vector / np.linalg.norm(vector)
-
-    def encode(self, texts, show_progress: bool = False) -> np.ndarray:
-        if not texts:
-            return np.zeros((0, DIMENSION), dtype=np.float32)
-        return np.stack([self.vector(t) for t in texts])
-
-    def token_offsets(self, text: str) -> list[tuple[int, int]]:
-        return [m.span() for m in re.finditer(r"\S+", text)]
 
 
 @pytest.fixture

@@ -6,13 +6,13 @@ loaded from the saved folder as the compressor loads it.
 
 from __future__ import annotations
 
-import hashlib
 import re
 import time
 from pathlib import Path
 
 import numpy as np
 import pytest
+from retrieval_fakes import HashEmbedder
 
 from pipeline.messages import RetrievedChunk
 from retrieval.build import build_index
@@ -203,26 +203,6 @@ def test_a_rebuilt_index_has_another_version(saved):
 
 
 # --- versions of indexes written by retrieval.build ---------------------------------------
-
-
-class HashEmbedder:
-    """Deterministic unit vectors from a hash of the text; whitespace tokens."""
-
-    dimension = DIMENSION
-
-    def encode(self, texts, show_progress: bool = False) -> np.ndarray:
-        if not texts:
-            return np.zeros((0, DIMENSION), dtype=np.float32)
-        return np.stack([self._vector(t) for t in texts])
-
-    @staticmethod
-    def _vector(text: str) -> np.ndarray:
-        seed = int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "little")
-        vector = np.random.default_rng(seed).standard_normal(DIMENSION).astype(np.float32)
-        return vector / np.linalg.norm(vector)
-
-    def token_offsets(self, text: str) -> list[tuple[int, int]]:
-        return [m.span() for m in re.finditer(r"\S+", text)]
 
 
 REAL_GMTIME = time.gmtime
