@@ -70,20 +70,29 @@ class KeyRateLimiter:
 
 class BodySizeLimit:
     """Answer 413 for a request body over `max_bytes`, without reading it when its length
-    is declared. `render_error(scope)` gives the JSON body of the refusal."""
+    is declared. `render_error(scope)` gives the JSON body of the refusal; `max_bytes_for`
+    (scope -> bytes), when given, sets the limit per request (uploads get a larger one)."""
 
-    def __init__(self, app: ASGIApp, max_bytes: int, render_error: Callable[[Scope], dict]) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        max_bytes: int,
+        render_error: Callable[[Scope], dict],
+        max_bytes_for: Callable[[Scope], int] | None = None,
+    ) -> None:
         self.app = app
         self.max_bytes = max_bytes
         self.render_error = render_error
+        self.max_bytes_for = max_bytes_for
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        limit = self.max_bytes_for(scope) if self.max_bytes_for else self.max_bytes
         declared = _content_length(scope)
         if declared is not None:
-            if declared > self.max_bytes:
+            if declared > limit:
                 await self._refuse(scope, send)
                 return
             await self.app(scope, receive, send)
@@ -97,7 +106,7 @@ class BodySizeLimit:
             if message["type"] != "http.request":
                 break
             total += len(message.get("body", b""))
-            if total > self.max_bytes:
+            if total > limit:
                 await self._refuse(scope, send)
                 return
             if not message.get("more_body", False):

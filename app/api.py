@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import dataclass, field
@@ -21,9 +22,11 @@ from fastapi.responses import JSONResponse
 from fastapi.security import HTTPBearer
 from sse_starlette import EventSourceResponse, ServerSentEvent
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import Scope
 
 from app import openai_format, rag_format
 from app.admission import BodySizeLimit, InFlightGate, KeyRateLimiter
+from app.collections_api import CollectionsBackend, install_collection_routes
 from app.config import RagAppConfig
 from app.error_metrics import ErrorCounter, ErrorSink
 from app.errors import (
@@ -68,6 +71,9 @@ from pipeline.stages import StageUnavailable
 
 logger = get_logger(__name__)
 
+# Document uploads (POST) may be larger than other bodies: collections.max_upload_bytes.
+UPLOAD_PATH = re.compile(r"/v1/collections/[^/]+/documents")
+
 
 @dataclass
 class ApiState:
@@ -82,6 +88,8 @@ class ApiState:
     serve_request_id: Callable[[], str | None] = field(default=lambda: None)
     # Told of every error response (status, OpenAI error code): the ingress's metrics.
     count_error: ErrorSink = field(default=lambda status, code: None)
+    # The collections API's backend (the collection writer); None: collections are off.
+    collections: CollectionsBackend | None = None
 
 
 def create_api(state: ApiState | None = None) -> FastAPI:
@@ -111,12 +119,19 @@ def create_api(state: ApiState | None = None) -> FastAPI:
     api.state.rag = state
     _install_error_handlers(api)
     limit = state.config.ingress.max_body_bytes if state else 1 << 20
+    upload_limit = state.config.collections.max_upload_bytes if state else limit
+
+    def limit_of(scope: Scope) -> int:
+        uploading = scope["method"] == "POST" and UPLOAD_PATH.fullmatch(scope["path"])
+        return upload_limit if uploading else limit
+
     # Middleware added last runs first: the body-size check, then the request guard.
     api.add_middleware(RequestGuard)
     api.add_middleware(
         BodySizeLimit,
         max_bytes=limit,
-        render_error=lambda scope: error_body(payload_too_large(limit)),
+        render_error=lambda scope: error_body(payload_too_large(limit_of(scope))),
+        max_bytes_for=limit_of,
     )
     if state is not None:
         # Outermost: it sees the errors of the two above as well as the handlers'.
@@ -139,6 +154,8 @@ def create_api(state: ApiState | None = None) -> FastAPI:
         "/v1/chat/completions", _chat_completions, methods=["POST"], responses=ERROR_RESPONSES,
         dependencies=declares_key,
     )  # fmt: skip
+    if state is not None and state.collections is not None:
+        install_collection_routes(api, declares_key)
     install_playground(api)
     return api
 
@@ -255,8 +272,10 @@ def _query(
 def _search(options: RagOptions) -> SearchOptions:
     asked = options.retrieval
     if asked is None:
-        return SearchOptions()
-    return SearchOptions(asked.mode, asked.dense_weight, asked.lexical_weight)
+        return SearchOptions(collection=options.collection)
+    return SearchOptions(
+        asked.mode, asked.dense_weight, asked.lexical_weight, collection=options.collection
+    )
 
 
 def _check_history(

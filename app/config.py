@@ -612,6 +612,64 @@ class IngressConfig(StrictModel):
     deployment: IngressReplicaConfig = IngressReplicaConfig()
 
 
+class WriterReplicaConfig(ReplicaConfig):
+    num_cpus: float = Field(0.1, ge=0, description="Logical CPUs the writer reserves.")
+    max_ongoing_requests: int = Field(
+        32, ge=1, description="Calls (job submissions, status reads) one writer takes at once."
+    )
+
+    @model_validator(mode="after")
+    def _one_writer(self) -> WriterReplicaConfig:
+        if self.num_replicas != 1 or self.autoscaling is not None:
+            raise ValueError("the collection writer runs exactly one replica: one writer at a time")
+        return self
+
+
+class CollectionsConfig(StrictModel):
+    """Users' own collections: created, filled and emptied over the API, each a series of
+    immutable index versions that every replica switches to on its next query."""
+
+    enabled: bool = Field(
+        True, description="Serve /v1/collections and /v1/jobs (and the writer behind them)."
+    )
+    root: str = Field(
+        "indexes/collections",
+        description="Folder of every collection's versions. With replicas on several "
+        "nodes, a filesystem they all mount (NFS, a shared PVC).",
+    )
+    chunk_tokens: int = Field(200, ge=8, description="Chunk size for new documents.")
+    overlap_tokens: int = Field(40, ge=0, description="Tokens shared by neighbouring chunks.")
+    keep_versions: int = Field(
+        3, ge=1, description="Published versions kept per collection (the current included)."
+    )
+    version_grace_s: float = Field(
+        300.0,
+        ge=0,
+        description="How long a superseded version stays on disk for queries still reading it.",
+    )
+    max_upload_bytes: int = Field(
+        33_554_432, ge=1024, description="Largest documents upload (JSON or multipart) body."
+    )
+    max_documents_per_request: int = Field(
+        1000, ge=1, description="Documents or files one add request may carry."
+    )
+    max_queued_jobs: int = Field(
+        64, ge=1, description="Jobs waiting for the writer; past it, 503 with Retry-After."
+    )
+    jobs_kept: int = Field(1000, ge=1, description="Finished jobs whose status stays readable.")
+    writer_lock_timeout_s: float = Field(
+        60.0, gt=0, description="Longest wait for another writer to finish before failing."
+    )
+    torch_threads: int = Field(1, ge=1, description="Intra-op threads for the writer's embedder.")
+    deployment: WriterReplicaConfig = WriterReplicaConfig()
+
+    @model_validator(mode="after")
+    def _overlap_below_chunk(self) -> CollectionsConfig:
+        if self.overlap_tokens >= self.chunk_tokens:
+            raise ValueError("overlap_tokens must be smaller than chunk_tokens")
+        return self
+
+
 class RagAppConfig(StrictModel):
     """Everything the RAG application can be told; `serve_config.yaml` `args:` fills it."""
 
@@ -622,6 +680,7 @@ class RagAppConfig(StrictModel):
     conversation: ConversationConfig = ConversationConfig()
     citations: CitationConfig = CitationConfig()
     ingress: IngressConfig = IngressConfig()
+    collections: CollectionsConfig = CollectionsConfig()
 
     @model_validator(mode="after")
     def _gate_below_ingress_capacity(self) -> RagAppConfig:

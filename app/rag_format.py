@@ -71,6 +71,8 @@ def response_model(result: RagResult) -> RagQueryResponse:
         id=result.request_id,
         answer=result.answer,
         sources=sources_of(prepared),
+        collection=result.collection,
+        index_version=result.index_version,
         citations=citations_of(result.citations),
         answer_style=result.answer_style,
         retrieval_query=retrieval_query_of(result.retrieval_query),

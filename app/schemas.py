@@ -7,6 +7,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from pipeline.messages import (
+    COLLECTION_NAME_PATTERN,
+    DEFAULT_COLLECTION,
     AnswerStyle,
     CompressionMethod,
     CompressionPolicy,
@@ -57,6 +59,12 @@ class RetrievalOptions(_Strict):
 
 
 class RagOptions(_Strict):
+    collection: str | None = Field(
+        None,
+        pattern=COLLECTION_NAME_PATTERN,
+        description=f"The collection to answer from; unset: '{DEFAULT_COLLECTION}', the "
+        "shipped corpus.",
+    )
     top_k: int | None = Field(None, ge=1, description="Chunks to retrieve.")
     retrieval: RetrievalOptions | None = Field(
         None, description="How chunks are ranked: dense, lexical or hybrid, and the weights."
@@ -163,6 +171,10 @@ class RagQueryResponse(BaseModel):
     id: str
     answer: str
     sources: list[Source]
+    collection: str = Field(DEFAULT_COLLECTION, description="The collection searched.")
+    index_version: str = Field(
+        "", description="The version of it that every stage of this request read."
+    )
     citations: list[CitationInfo] | None = Field(
         None, description="Null when not asked for or when attribution was unavailable."
     )

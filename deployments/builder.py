@@ -2,7 +2,8 @@
 
 `serve run serve_config.yaml` / `serve deploy` call `build_app(args)` with the config's
 `args:`. It validates them, logs the resolved config once, computes every deployment's
-options from it, and binds ingress -> retriever, compressor, generator. Nothing imports this
+options from it, and binds ingress -> retriever, compressor, generator (and the collection
+writer, when collections are on). Nothing imports this
 package but the serve config (and its tests).
 """
 
@@ -45,18 +46,27 @@ def build_app(args: dict[str, Any] | None = None) -> Application:
         RetrieverDeployment,
         name="Retriever",
         **deployment_options(config.retriever.deployment, retry_after_s),
-    ).bind(config.retriever)
+    ).bind(config.retriever, config.collections)
     compressor = serve.deployment(
         CompressorDeployment,
         name="Compressor",
         **deployment_options(config.compression.deployment, retry_after_s),
     ).bind(config)
     generator = build_generator(config.generator, retry_after_s)
+    writer = None
+    if config.collections.enabled:
+        from deployments.collection_writer import CollectionWriterDeployment
+
+        writer = serve.deployment(
+            CollectionWriterDeployment,
+            name="CollectionWriter",
+            **deployment_options(config.collections.deployment, retry_after_s),
+        ).bind(config)
     return serve.deployment(
         RagIngress,
         name="RagIngress",
         **deployment_options(config.ingress.deployment, retry_after_s),
-    ).bind(config, retriever, compressor, generator)
+    ).bind(config, retriever, compressor, generator, writer)
 
 
 def deployment_options(replica: ReplicaConfig, retry_after_s: float = 1.0) -> dict[str, Any]:

@@ -2,7 +2,9 @@
 LLMLingua loaded, and `retrieval.Attributor` for the citations; the work in a thread.
 
 Attribution lives here because the index's sentence embeddings do: only the answer's
-sentences are embedded per request.
+sentences are embedded per request. (Sentence embeddings are looked up by the sentence's
+text, so the shipped corpus's store serves any collection's sentences it also holds, and the
+others are embedded.)
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ from pipeline.messages import (
     StageTiming,
 )
 from retrieval.attribution import AttributionOptions, Attributor
+from retrieval.catalog import SentenceStoreCatalog
+from retrieval.collection_store import CollectionStore
 from retrieval.embedding import Embedder
 from retrieval.models import resolve_model_reference
 from retrieval.preparation import PromptPreparer, PromptTooLongError
@@ -40,6 +44,12 @@ class CompressorDeployment:
 
         compression, generator = config.compression, config.generator
         torch.set_num_threads(compression.llmlingua.torch_threads)
+        # Another collection's sentences come from the version folder its retrieval names.
+        collections = (
+            SentenceStoreCatalog(CollectionStore(resolve_path(config.collections.root)))
+            if config.collections.enabled
+            else None
+        )
         self._preparer = PromptPreparer.load(
             resolve_model_reference(generator.tokenizer_source(), PROJECT_ROOT),
             config.prompt.system_prompts(),
@@ -50,6 +60,7 @@ class CompressorDeployment:
             sentence_prefilter_rate=compression.sentence_prefilter_rate,
             cost_model=compression.cost_model.to_model(),
             history_max_tokens=config.conversation.history_max_tokens,
+            collection_stores=collections.store_for if collections is not None else None,
         )
         self._attributor: Attributor | None = None
         if config.citations.enabled:

@@ -45,7 +45,7 @@ from pipeline.stages import StageName, StageUnavailable
 logger = get_logger(__name__)
 
 # A replica that died, or could not be reached, under the call.
-_REPLICA_LOST = (RayActorError, DeploymentUnavailableError)
+REPLICA_LOST = (RayActorError, DeploymentUnavailableError)
 
 
 class HandleStages:
@@ -69,14 +69,14 @@ class HandleStages:
         send = functools.partial(self.retriever.retrieve.remote, question, top_k, search)
         try:
             return await self._call("retriever", send)
-        except _REPLICA_LOST as exc:
+        except REPLICA_LOST as exc:
             if not self._available("retriever"):
                 raise StageUnavailable("retriever", "unavailable", type(exc).__name__) from None
             logger.warning("a retriever replica was lost; sending the call again")
         try:
             async with asyncio.timeout(self._retry_timeout_s):
                 return await self._call("retriever", send)
-        except (*_REPLICA_LOST, TimeoutError) as exc:
+        except (*REPLICA_LOST, TimeoutError) as exc:
             raise StageUnavailable("retriever", "unavailable", type(exc).__name__) from None
 
     async def prepare(
@@ -93,7 +93,7 @@ class HandleStages:
                     conversation, retrieval, plan, max_output_tokens
                 ),
             )
-        except _REPLICA_LOST as exc:
+        except REPLICA_LOST as exc:
             raise StageUnavailable("compressor", "unavailable", type(exc).__name__) from None
 
     async def attribute(
@@ -103,7 +103,7 @@ class HandleStages:
             return await self._call(
                 "compressor", lambda: self.compressor.attribute.remote(answer, sources)
             )
-        except _REPLICA_LOST as exc:
+        except REPLICA_LOST as exc:
             raise StageUnavailable("compressor", "unavailable", type(exc).__name__) from None
 
     async def generate(
@@ -119,7 +119,7 @@ class HandleStages:
                 yield batch
         except BackPressureError as exc:
             raise StageUnavailable("generator", "overloaded", str(exc)) from None
-        except _REPLICA_LOST as exc:
+        except REPLICA_LOST as exc:
             logger.warning("generator replica lost (request %s)", request.request_id)
             raise StageUnavailable("generator", "unavailable", type(exc).__name__) from None
         finally:
@@ -127,19 +127,29 @@ class HandleStages:
                 _cancel(stream)
 
     async def _call(self, stage: StageName, send: Callable[[], DeploymentResponse]) -> Any:
-        """One call; a lost replica is raised as it came, for the caller to decide."""
-        if not self._available(stage):
-            raise StageUnavailable(stage, "unavailable", "no running replica")
-        response = None
-        try:
-            response = send()  # Serve may refuse the call as it is made (a full queue)
-            return await response
-        except asyncio.CancelledError:
-            if response is not None:
-                _cancel(response)
-            raise
-        except BackPressureError as exc:
-            raise StageUnavailable(stage, "overloaded", str(exc)) from None
+        return await call_stage(stage, send, self._available)
+
+
+async def call_stage(
+    stage: StageName,
+    send: Callable[[], DeploymentResponse],
+    available: Callable[[StageName], bool] = lambda stage: True,
+) -> Any:
+    """One handle call; a full queue or a stage with no running replica is
+    StageUnavailable, a lost replica is raised as it came (for the caller to decide), and a
+    call its caller abandons is cancelled on its replica."""
+    if not available(stage):
+        raise StageUnavailable(stage, "unavailable", "no running replica")
+    response = None
+    try:
+        response = send()  # Serve may refuse the call as it is made (a full queue)
+        return await response
+    except asyncio.CancelledError:
+        if response is not None:
+            _cancel(response)
+        raise
+    except BackPressureError as exc:
+        raise StageUnavailable(stage, "overloaded", str(exc)) from None
 
 
 def _cancel(call: DeploymentResponse | DeploymentResponseGenerator) -> None:

@@ -21,6 +21,7 @@ from app.api import ApiState, create_api
 from app.config import PROJECT_ROOT, RagAppConfig
 from app.readiness import ReadinessMonitor, ReplicaCounts
 from app.settings import load_settings
+from deployments.collection_handles import HandleCollections
 from deployments.handles import HandleStages
 from deployments.metrics import PipelineMetrics
 from pipeline.log import get_logger
@@ -35,6 +36,7 @@ STAGE_OF_DEPLOYMENT = {
     "Retriever": "retriever",
     "Compressor": "compressor",
     "Generator": "generator",
+    "CollectionWriter": "writer",
     "RagIngress": "ingress",
 }
 
@@ -47,7 +49,9 @@ class RagIngress:
         retriever: DeploymentHandle,
         compressor: DeploymentHandle,
         generator: DeploymentHandle,
+        writer: DeploymentHandle | None = None,
     ) -> None:
+        """`writer` is the collection writer (None: collections are off)."""
         settings = load_settings()
         fallback = PromptPreparer.load(
             resolve_model_reference(config.generator.tokenizer_source(), PROJECT_ROOT),
@@ -59,7 +63,8 @@ class RagIngress:
         readiness = ReadinessMonitor(
             _running_replicas,
             required=("retriever", "generator"),
-            optional=("compressor",),
+            # Without the writer, queries go on; only the collections routes answer 503.
+            optional=("compressor", "writer") if writer is not None else ("compressor",),
             refresh_s=config.ingress.readiness_refresh_s,
             timeout_s=config.ingress.readiness_timeout_s,
         )
@@ -89,6 +94,7 @@ class RagIngress:
             rate_limiter=KeyRateLimiter(limit.requests_per_s, limit.burst) if limit else None,
             serve_request_id=_serve_request_id,
             count_error=metrics.observe_error,
+            collections=HandleCollections(writer, available) if writer is not None else None,
         )
         logger.info(
             "ingress ready (auth %s, %d requests in flight at most)",

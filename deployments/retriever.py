@@ -1,5 +1,9 @@
 """Retriever deployment: `retrieval.Retriever` with question embeddings batched across
-requests (`@serve.batch`) and the blocking work off the event loop."""
+requests (`@serve.batch`) and the blocking work off the event loop.
+
+A request that names a collection is searched in that collection's current version
+(`retrieval.catalog`): CURRENT is read as the request starts, so a publish is seen by the
+next request on every replica, and a request keeps the version it started with."""
 
 from __future__ import annotations
 
@@ -10,9 +14,11 @@ import time
 import numpy as np
 from ray import serve
 
-from app.config import PROJECT_ROOT, RetrieverConfig, resolve_path
+from app.config import PROJECT_ROOT, CollectionsConfig, RetrieverConfig, resolve_path
 from pipeline.log import get_logger
 from pipeline.messages import DEFAULT_SEARCH, Retrieval, SearchOptions, StageError
+from retrieval.catalog import CollectionEmpty, RetrieverCatalog
+from retrieval.collection_store import CollectionNotFound, CollectionStore, InvalidCollectionName
 from retrieval.models import resolve_model_reference
 from retrieval.retriever import Retriever
 
@@ -20,7 +26,10 @@ logger = get_logger(__name__)
 
 
 class RetrieverDeployment:
-    def __init__(self, config: RetrieverConfig) -> None:
+    def __init__(
+        self, config: RetrieverConfig, collections: CollectionsConfig | None = None
+    ) -> None:
+        """`collections` None (or disabled): only the shipped corpus is searched."""
         import torch
 
         torch.set_num_threads(config.embedding.torch_threads)
@@ -35,6 +44,21 @@ class RetrieverDeployment:
             ef_search=config.ef_search,
             hybrid=config.hybrid.to_params(),
             dense_fallback=config.hybrid.dense_fallback,
+        )
+        store = (
+            CollectionStore(resolve_path(collections.root))
+            if collections is not None and collections.enabled
+            else None
+        )
+        self._catalog = RetrieverCatalog(
+            self._retriever,
+            store,
+            functools.partial(
+                self._retriever.open_version,
+                use_gpu_index=config.use_gpu_index,
+                nprobe=config.nprobe,
+                ef_search=config.ef_search,
+            ),
         )
         self._embed_batch.set_max_batch_size(config.embedding.batch_size)
         self._embed_batch.set_batch_wait_timeout_s(config.embedding.batch_wait_timeout_ms / 1000)
@@ -60,9 +84,20 @@ class RetrieverDeployment:
         if not 1 <= top_k <= self._max_top_k:
             return StageError(400, f"top_k must be 1..{self._max_top_k}", param="top_k")
         started_at_s, started = time.time(), time.perf_counter()
+        try:
+            # The version is chosen here, before any work: this request keeps it.
+            retriever = await asyncio.to_thread(self._catalog.retriever_for, search.collection)
+        except CollectionNotFound as exc:
+            return StageError(
+                404, str(exc), "not_found_error", param="collection", code="collection_not_found"
+            )
+        except InvalidCollectionName as exc:
+            return StageError(400, str(exc), param="collection", code="invalid_collection_name")
+        except CollectionEmpty as exc:
+            return StageError(409, str(exc), param="collection", code="collection_empty")
         vector = await self._embed_batch(question)
         rank = functools.partial(
-            self._retriever.search,
+            retriever.search,
             vector,
             top_k,
             started_at_s,

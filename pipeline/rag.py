@@ -31,6 +31,7 @@ from pipeline.conversation import (
 )
 from pipeline.log import get_logger
 from pipeline.messages import (
+    DEFAULT_COLLECTION,
     DEFAULT_SEARCH,
     AnswerStyle,
     Attribution,
@@ -131,6 +132,9 @@ class RagResult:
     # None: not asked for, or attribution failed (the answer goes out without citations).
     citations: tuple[Citation, ...] | None = None
     attribute: HopTiming | None = None
+    # What was searched: the collection and the one version of it the whole request read.
+    collection: str = DEFAULT_COLLECTION
+    index_version: str = ""
 
     @property
     def tpot_ms(self) -> float | None:
@@ -274,6 +278,8 @@ class RagPipeline:
             rewrite_ms=rewrite_ms,
             citations=citations,
             attribute=attribute_hop,
+            collection=retrieval.collection,
+            index_version=retrieval.index_version,
         )
         if self._metrics is not None:
             try:

@@ -25,7 +25,7 @@ from pipeline.messages import (
     Turn,
 )
 
-StageName = Literal["retriever", "compressor", "generator"]
+StageName = Literal["retriever", "compressor", "generator", "writer"]
 # overloaded: its queue is full; unavailable: no live replica, or the replica died mid-call.
 UnavailableKind = Literal["overloaded", "unavailable"]
 

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import itertools
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from pipeline.messages import (
+    DEFAULT_COLLECTION,
     AnswerStyle,
     CompressionDecision,
     CompressionPlan,
@@ -31,6 +32,9 @@ from retrieval.llmlingua_compressor import LLMLinguaCompressor, LLMLinguaOptions
 from retrieval.prompt import build_messages, neutralize
 from retrieval.sentence_store import SentenceStore
 from retrieval.tokens import ServingTokenizer
+
+# (collection, index version) -> that version's sentence store, None when it cannot be read.
+CollectionStores = Callable[[str, str], SentenceStore | None]
 
 # What a chat template adds around one message's text (role markers, separators): counted per
 # history turn against the history budget, so the budget holds under the real template.
@@ -66,6 +70,7 @@ class PromptPreparer:
         cost_model: CompressionCostModel | None = None,
         sentence_store: SentenceStore | None = None,
         history_max_tokens: int = 512,
+        collection_stores: CollectionStores | None = None,
     ) -> None:
         self._tokenizer = tokenizer
         self._system_prompts = dict(system_prompts)
@@ -75,6 +80,7 @@ class PromptPreparer:
         self._sentence_prefilter_rate = sentence_prefilter_rate
         self._cost_model = cost_model
         self._sentence_store = sentence_store
+        self._collection_stores = collection_stores
         self._history_max_tokens = history_max_tokens
         self._reserved = tokenizer.reserved_strings()
         # The system prompts never change: count them once.
@@ -96,9 +102,11 @@ class PromptPreparer:
         sentence_prefilter_rate: float = 0.5,
         cost_model: CompressionCostModel | None = None,
         history_max_tokens: int = 512,
+        collection_stores: CollectionStores | None = None,
     ) -> PromptPreparer:
         """Load what preparation needs: the serving tokenizer, the index's sentence store
-        (for sentence selection) and LLMLingua's scorer, each only when given."""
+        (for sentence selection) and LLMLingua's scorer, each only when given;
+        `collection_stores` finds the sentence store of another collection's version."""
         compressor = None
         if llmlingua is not None:
             compressor = LLMLinguaCompressor.load(
@@ -118,6 +126,7 @@ class PromptPreparer:
             cost_model,
             SentenceStore.load(index_path) if index_path is not None else None,
             history_max_tokens,
+            collection_stores,
         )
 
     @property
@@ -225,7 +234,7 @@ class PromptPreparer:
     def _context_chunks(self, retrieval: Retrieval) -> tuple[list[ContextChunk], str | None]:
         """The retrieved chunks, sanitised, with sentence embeddings where the store has them;
         the second value says why sentence selection is impossible, if it is."""
-        store = self._sentence_store
+        store = self._store_of(retrieval)
         if store is None:
             chunks = [ContextChunk.without_embeddings(c) for c in retrieval.chunks]
             reason: str | None = "no_sentence_store"
@@ -236,6 +245,14 @@ class PromptPreparer:
             chunks = [store.context_chunk(c) for c in retrieval.chunks]
             reason = None
         return [self._sanitized(chunk) for chunk in chunks], reason
+
+    def _store_of(self, retrieval: Retrieval) -> SentenceStore | None:
+        """The sentence store of the collection and version `retrieval` searched."""
+        if retrieval.collection == DEFAULT_COLLECTION:
+            return self._sentence_store
+        if self._collection_stores is None:
+            return None
+        return self._collection_stores(retrieval.collection, retrieval.index_version)
 
     def _missing_compressor(self, plan: CompressionPlan) -> str | None:
         if "llmlingua" in plan.method and self._chunk_compressor is None:

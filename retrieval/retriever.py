@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline.messages import Retrieval, RetrievalMode, StageTiming
+from pipeline.messages import DEFAULT_COLLECTION, Retrieval, RetrievalMode, StageTiming
 from retrieval.embedding import Embedder
 from retrieval.fusion import HybridParams, check_fusion_params, reciprocal_rank_fusion
 from retrieval.index import FaissIndex, SearchHit
@@ -35,9 +35,11 @@ class Retriever:
         index: FaissIndex,
         lexical: LexicalIndex | None = None,
         hybrid: HybridParams | None = None,
+        collection: str = DEFAULT_COLLECTION,
     ) -> None:
         """`lexical` is the index's BM25 part (None: an index built without one, which can
-        only search densely); `hybrid` holds the default mode and fusion settings. Raises
+        only search densely); `hybrid` holds the default mode and fusion settings;
+        `collection` names what the index holds, in every Retrieval. Raises
         LexicalIndexMissing when the default mode needs a lexical part that is absent."""
         if index.manifest.dimension != embedder.dimension:
             raise ValueError(
@@ -53,6 +55,7 @@ class Retriever:
         self.index = index
         self.lexical = lexical
         self.hybrid = hybrid or HybridParams()
+        self.collection = collection
         if self.hybrid.mode != "dense":
             self._require_lexical(self.hybrid.mode)
 
@@ -76,26 +79,28 @@ class Retriever:
         When `hybrid.mode` needs a lexical part the index lacks (one built before it
         existed): with `dense_fallback` the default mode becomes dense and a warning says
         so; without, LexicalIndexMissing is raised before the embedder loads."""
-        index = FaissIndex.load(index_path, use_gpu_index, with_sentence_embeddings=False)
-        index.set_search_params(nprobe=nprobe, ef_search=ef_search)
-        lexical = LexicalIndex.load(index_path) if has_lexical(index.manifest) else None
-        if lexical is None and hybrid is not None and hybrid.mode != "dense":
-            if not dense_fallback:
-                raise LexicalIndexMissing(
-                    f"retriever.hybrid.mode is {hybrid.mode!r}, but {index_path} was built "
-                    "without a lexical index: rebuild it with `python -m retrieval.build` or "
-                    "set retriever.hybrid.mode to 'dense'"
-                )
-            logger.warning(
-                "%s was built without a lexical index: retrieving densely instead of %s; "
-                "rebuild it with `python -m retrieval.build` for %s retrieval",
-                index_path,
-                hybrid.mode,
-                hybrid.mode,
-            )
-            hybrid = dataclasses.replace(hybrid, mode="dense")
+        index, lexical, hybrid = _open_index(
+            index_path, use_gpu_index, nprobe, ef_search, hybrid, dense_fallback
+        )
         embedder = Embedder.load(embedding_model_path, device=device, batch_size=batch_size)
         return cls(embedder, index, lexical, hybrid)
+
+    def open_version(
+        self,
+        index_path: Path,
+        collection: str,
+        *,
+        use_gpu_index: bool = False,
+        nprobe: int | None = None,
+        ef_search: int | None = None,
+    ) -> Retriever:
+        """A retriever over another index folder (a collection's version) that shares this
+        one's embedder and fusion settings; the search breadth is the folder's own unless
+        given; an index without a lexical part searches densely."""
+        index, lexical, hybrid = _open_index(
+            index_path, use_gpu_index, nprobe, ef_search, self.hybrid, dense_fallback=True
+        )
+        return Retriever(self.embedder, index, lexical, hybrid, collection)
 
     @property
     def num_chunks(self) -> int:
@@ -144,6 +149,7 @@ class Retriever:
             chunks=tuple(self.index.retrieved_chunk(hit) for hit in hits),
             index_version=self.index.version,
             timing=StageTiming(started_at_s, (time.perf_counter() - started) * 1000),
+            collection=self.collection,
         )
 
     def rank(
@@ -216,3 +222,34 @@ class Retriever:
                 "`python -m retrieval.build`"
             )
         return self.lexical
+
+
+def _open_index(
+    index_path: Path,
+    use_gpu_index: bool,
+    nprobe: int | None,
+    ef_search: int | None,
+    hybrid: HybridParams | None,
+    dense_fallback: bool,
+) -> tuple[FaissIndex, LexicalIndex | None, HybridParams | None]:
+    """The FAISS index (without sentence embeddings), its lexical part when it has one, and
+    the hybrid settings it can serve (see `Retriever.load`)."""
+    index = FaissIndex.load(index_path, use_gpu_index, with_sentence_embeddings=False)
+    index.set_search_params(nprobe=nprobe, ef_search=ef_search)
+    lexical = LexicalIndex.load(index_path) if has_lexical(index.manifest) else None
+    if lexical is None and hybrid is not None and hybrid.mode != "dense":
+        if not dense_fallback:
+            raise LexicalIndexMissing(
+                f"retriever.hybrid.mode is {hybrid.mode!r}, but {index_path} was built "
+                "without a lexical index: rebuild it with `python -m retrieval.build` or "
+                "set retriever.hybrid.mode to 'dense'"
+            )
+        logger.warning(
+            "%s was built without a lexical index: retrieving densely instead of %s; "
+            "rebuild it with `python -m retrieval.build` for %s retrieval",
+            index_path,
+            hybrid.mode,
+            hybrid.mode,
+        )
+        hybrid = dataclasses.replace(hybrid, mode="dense")
+    return index, lexical, hybrid

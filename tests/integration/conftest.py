@@ -13,7 +13,7 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,14 +46,23 @@ class Service:
 
 
 @contextmanager
-def started(tmp_path_factory: pytest.TempPathFactory, engine: str = "vllm") -> Iterator[Service]:
+def started(
+    tmp_path_factory: pytest.TempPathFactory,
+    engine: str = "vllm",
+    adjust: Callable[[dict, Path], None] | None = None,
+) -> Iterator[Service]:
     """The application on a free port, its generator in Ray ("vllm") or an external vLLM
-    OpenAI server ("openai"); everything started here is stopped on exit."""
+    OpenAI server ("openai"); everything started here is stopped on exit. `adjust(args,
+    folder)` may change the application's args first (`folder` is this service's own).
+    Collections live in `folder`, never in the checkout's indexes/."""
     folder = tmp_path_factory.mktemp(f"serve-{engine}")
     config = yaml.safe_load((ROOT / "serve_config.yaml").read_text())
     port = free_port()
     config["http_options"]["port"] = port
     application = config["applications"][0]
+    application["args"]["collections"]["root"] = str(folder / "collections")
+    if adjust is not None:
+        adjust(application["args"], folder)
     try:
         with ExitStack() as stack:
             external = None

@@ -77,7 +77,12 @@ def test_health_and_readiness(service, client):
     assert httpx.get(f"{service.base_url}/healthz").json() == {"status": "ok"}
     ready = httpx.get(f"{service.base_url}/readyz").json()
     assert ready["ready"] is True
-    assert ready["stages"] == {"retriever": "ready", "compressor": "ready", "generator": "ready"}
+    assert ready["stages"] == {
+        "retriever": "ready",
+        "compressor": "ready",
+        "generator": "ready",
+        "writer": "ready",
+    }
     assert ready["degraded"] == []
     assert all(count >= 1 for count in ready["replicas"].values())
 

@@ -164,6 +164,7 @@ def make_state(
     fallback: Any = None,
     compressor_timeout_s: float | None = None,
     count_error: Callable[[int, str], None] | None = None,
+    collections: Any = None,
 ) -> ApiState:
     return ApiState(
         pipeline=RagPipeline(
@@ -176,4 +177,5 @@ def make_state(
         gate=InFlightGate(in_flight_limit),
         rate_limiter=rate_limiter,
         count_error=count_error or (lambda status, code: None),
+        collections=collections,
     )

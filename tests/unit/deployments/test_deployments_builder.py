@@ -276,7 +276,7 @@ def test_vllm_only_settings_are_named_for_another_engine():
     assert vllm_only_settings(GeneratorConfig(engine="paced")) == []
 
 
-def test_build_app_binds_the_ingress_to_the_three_stages(development):
+def test_build_app_binds_the_ingress_to_the_three_stages_and_the_writer(development):
     app = build_app(
         {
             "generator": {"engine": "paced"},
@@ -294,12 +294,33 @@ def test_build_app_binds_the_ingress_to_the_three_stages(development):
         "Retriever",
         "Compressor",
         "Generator",
+        "CollectionWriter",
     ]
-    compressor = stages[1]._bound_deployment
+    retriever, compressor, writer = (stages[i]._bound_deployment for i in (0, 1, 3))
+    assert retriever.init_args == (config.retriever, config.collections)
     assert compressor.num_replicas == 3
     assert compressor.init_args == (config,)
+    assert writer.num_replicas == 1
+    assert writer.init_args == (config,)
     for deployment in [ingress, *(stage._bound_deployment for stage in stages)]:
         assert deployment._deployment_config.backpressure_config.retry_after_s == 4.0
+
+
+def test_build_app_without_collections_binds_no_writer(development):
+    app = build_app({"generator": {"engine": "paced"}, "collections": {"enabled": False}})
+
+    _, *stages = app._bound_deployment.init_args
+    assert stages[-1] is None
+    assert [stage._bound_deployment.name for stage in stages[:3]] == [
+        "Retriever",
+        "Compressor",
+        "Generator",
+    ]
+
+
+def test_the_writer_cannot_be_given_more_than_one_replica():
+    with pytest.raises(ConfigError, match="exactly one replica"):
+        parse_config({"collections": {"deployment": {"num_replicas": 2}}})
 
 
 def test_build_app_names_the_bad_key_before_building_anything():

@@ -1,0 +1,277 @@
+"""Collection writer deployment: the one replica that changes collections.
+
+Creates and deletes collections, queues ingestion jobs and runs them one at a time in a
+thread (`retrieval.ingestion`), and answers job status and listings. The builder gives it
+exactly one replica; the store's file lock also keeps out a writer of another application
+on the same folder. Answers are plain dicts (the API's response bodies) or StageErrors.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from app.config import PROJECT_ROOT, RagAppConfig, resolve_path
+from pipeline.log import get_logger
+from pipeline.messages import DEFAULT_COLLECTION, StageError
+from retrieval.chunking import ChunkingParams
+from retrieval.collection_store import (
+    CollectionExists,
+    CollectionNotFound,
+    CollectionStore,
+    InvalidCollectionName,
+    WriterBusy,
+)
+from retrieval.embedding import Embedder
+from retrieval.incremental import read_documents
+from retrieval.index import manifest_version, read_chunks, read_manifest
+from retrieval.ingestion import Ingestor, JobBook, JobInput, JobRecord
+from retrieval.models import resolve_model_reference
+
+logger = get_logger(__name__)
+
+# Progress is written to disk at most this often while a job runs.
+PROGRESS_SAVE_INTERVAL_S = 0.5
+
+
+class CollectionWriterDeployment:
+    def __init__(self, config: RagAppConfig) -> None:
+        import torch
+
+        settings = config.collections
+        torch.set_num_threads(settings.torch_threads)
+        root = resolve_path(settings.root)
+        self._store = CollectionStore(root)
+        self._settings = settings
+        self._retry_after_s = config.ingress.retry_after_s
+        embedding = config.retriever.embedding
+        embedder = Embedder.load(
+            resolve_model_reference(embedding.model, PROJECT_ROOT), device=embedding.device
+        )
+        self._ingestor = Ingestor(
+            self._store,
+            embedder,
+            embedding.model,
+            ChunkingParams(settings.chunk_tokens, settings.overlap_tokens),
+            keep_versions=settings.keep_versions,
+            version_grace_s=settings.version_grace_s,
+            lock_timeout_s=settings.writer_lock_timeout_s,
+        )
+        self._default_path = resolve_path(config.retriever.index_path)
+        self._default = _describe_index(self._default_path)
+        with self._store.writer(timeout_s=settings.writer_lock_timeout_s):
+            leftovers = self._store.recover()
+            self._jobs = JobBook(root, keep=settings.jobs_kept)
+            failed = self._jobs.fail_unfinished(
+                "the writer restarted before the job finished; the collection serves its "
+                "last published version"
+            )
+        self._queue: asyncio.Queue[tuple[JobRecord, JobInput]] = asyncio.Queue(
+            maxsize=settings.max_queued_jobs
+        )
+        self._writing = asyncio.Lock()  # one change at a time within this replica
+        self._worker: asyncio.Task | None = None
+        logger.info(
+            "collection writer ready: %s, %d collections; removed %d unfinished builds, "
+            "failed %d interrupted jobs",
+            root,
+            len(self._store.names()),
+            len(leftovers),
+            len(failed),
+        )
+
+    async def create_collection(self, name: str) -> dict[str, Any] | StageError:
+        """Create an empty collection: its description, or why not (400, 409)."""
+        async with self._writing:
+            refused = await self._write(lambda: self._store.create(name))
+        if isinstance(refused, StageError):
+            return refused
+        return self._describe(name)
+
+    async def delete_collection(self, name: str) -> dict[str, Any] | StageError:
+        """Delete a collection and every version of it (after the job running, if any)."""
+        if name == DEFAULT_COLLECTION:
+            return _read_only()
+        async with self._writing:
+            refused = await self._write(lambda: self._store.delete(name))
+        if isinstance(refused, StageError):
+            return refused
+        return {"name": name, "object": "collection", "deleted": True}
+
+    async def list_collections(self) -> dict[str, Any]:
+        names = await asyncio.to_thread(self._store.names)
+        data = [self._default] + [self._describe(name) for name in names]
+        return {"object": "list", "data": data}
+
+    async def list_documents(
+        self, name: str, offset: int = 0, limit: int = 100
+    ) -> dict[str, Any] | StageError:
+        """One page of the documents the collection's current version holds."""
+        try:
+            documents = await asyncio.to_thread(self._documents, name)
+        except (CollectionNotFound, InvalidCollectionName):
+            return _not_found(name)
+        page = documents[offset : offset + limit]
+        return {"object": "list", "data": page, "total": len(documents), "offset": offset}
+
+    async def submit(self, name: str, action: str, work: JobInput) -> dict[str, Any] | StageError:
+        """Queue a job that adds (or replaces) and deletes documents: the job, queued."""
+        if name == DEFAULT_COLLECTION:
+            return _read_only()
+        try:
+            exists = self._store.exists(name)
+        except InvalidCollectionName:
+            exists = False
+        if not exists:
+            return _not_found(name)
+        if work.size == 0:
+            return StageError(400, "no documents were sent", param="documents")
+        if work.size > self._settings.max_documents_per_request:
+            limit = self._settings.max_documents_per_request
+            return StageError(400, f"at most {limit} documents per request", param="documents")
+        if self._queue.full():
+            return StageError(
+                503,
+                f"the writer has {self._queue.qsize()} jobs queued; retry shortly",
+                "service_unavailable",
+                code="overloaded",
+            )
+        job = self._jobs.new(name, "delete" if action == "delete" else "add")
+        self._queue.put_nowait((job, work))
+        self._ensure_worker()
+        return job.to_dict()
+
+    async def job(self, job_id: str) -> dict[str, Any] | StageError:
+        found = self._jobs.get(job_id)
+        if found is None:
+            return StageError(
+                404, f"job {job_id!r} does not exist", "not_found_error", code="job_not_found"
+            )
+        return found.to_dict()
+
+    async def check_health(self) -> None:
+        """Serve's health check: a job worker that died takes the replica with it."""
+        if self._worker is not None and self._worker.done():
+            raise RuntimeError("the job worker stopped")
+
+    def _ensure_worker(self) -> None:
+        if self._worker is None:
+            self._worker = asyncio.get_running_loop().create_task(self._run_jobs())
+
+    async def _run_jobs(self) -> None:
+        while True:
+            job, work = await self._queue.get()
+            async with self._writing:
+                await asyncio.to_thread(self._ingestor.run, job, work, self._progress_saver())
+            self._queue.task_done()
+
+    def _progress_saver(self) -> Callable[[JobRecord], None]:
+        last_saved = 0.0
+
+        def save(job: JobRecord) -> None:
+            nonlocal last_saved
+            now = time.monotonic()
+            starting = job.status == "running" and job.progress == 0.0
+            if job.finished or starting or now - last_saved >= PROGRESS_SAVE_INTERVAL_S:
+                self._jobs.save(job)
+                last_saved = now
+
+        return save
+
+    async def _write(self, change: Callable[[], None]) -> StageError | None:
+        """Run `change` under the store's writer lock; a refusal as a StageError."""
+
+        def locked() -> None:
+            with self._store.writer(timeout_s=self._settings.writer_lock_timeout_s):
+                change()
+
+        try:
+            await asyncio.to_thread(locked)
+        except InvalidCollectionName as exc:
+            return StageError(400, str(exc), param="name", code="invalid_collection_name")
+        except CollectionExists as exc:
+            return StageError(409, str(exc), param="name", code="collection_exists")
+        except CollectionNotFound as exc:
+            return StageError(404, str(exc), "not_found_error", code="collection_not_found")
+        except WriterBusy as exc:
+            return StageError(503, str(exc), "service_unavailable", code="writer_busy")
+        return None
+
+    def _describe(self, name: str) -> dict[str, Any]:
+        try:
+            current = self._store.current(name)
+        except CollectionNotFound:
+            return {"name": name, "object": "collection", "deleted": True}
+        described: dict[str, Any] = {
+            "name": name,
+            "object": "collection",
+            "read_only": False,
+            "documents": 0,
+            "chunks": 0,
+            "version": None,
+            "updated_at": None,
+        }
+        if current is not None:
+            manifest = read_manifest(current.path)
+            described.update(
+                documents=int(manifest.extra.get("num_documents", 0)),
+                chunks=manifest.num_chunks,
+                version=current.version,
+                updated_at=current.published_at,
+            )
+        return described
+
+    def _documents(self, name: str) -> list[dict[str, Any]]:
+        if name == DEFAULT_COLLECTION:
+            return self._default_documents()
+        current = self._store.current(name)
+        if current is None:
+            return []
+        return [
+            {"id": d.doc_id, "title": d.title, "chunks": d.chunks, "chars": d.chars,
+             "updated_at": d.updated_at}
+            for d in read_documents(current.path)
+        ]  # fmt: skip
+
+    def _default_documents(self) -> list[dict[str, Any]]:
+        chunks = read_chunks(self._default_path)
+        counts = Counter(item.chunk.doc_id for item in chunks)
+        titles = {item.chunk.doc_id: item.chunk.title for item in chunks}
+        return [
+            {"id": doc_id, "title": titles[doc_id], "chunks": n, "chars": None,
+             "updated_at": None}
+            for doc_id, n in counts.items()
+        ]  # fmt: skip
+
+
+def _describe_index(path: Path) -> dict[str, Any]:
+    manifest = read_manifest(path)
+    return {
+        "name": DEFAULT_COLLECTION,
+        "object": "collection",
+        "read_only": True,
+        "documents": int(manifest.extra.get("num_documents", 0)),
+        "chunks": manifest.num_chunks,
+        "version": manifest_version(manifest),
+        "updated_at": None,
+    }
+
+
+def _not_found(name: str) -> StageError:
+    return StageError(
+        404, f"collection {name!r} does not exist", "not_found_error", code="collection_not_found"
+    )
+
+
+def _read_only() -> StageError:
+    return StageError(
+        403,
+        f"the {DEFAULT_COLLECTION!r} collection is the shipped corpus and cannot be changed "
+        "over the API: create a collection of your own",
+        "permission_error",
+        code="collection_read_only",
+    )

@@ -1,0 +1,128 @@
+"""Which loaded index serves a collection: the shipped corpus, or a collection's version.
+
+A collection is a series of immutable version folders with a CURRENT pointer
+(retrieval.collection_store). The retriever reads CURRENT at the start of every query (one
+small file) and opens the version it names when that is new to this replica, so no query that
+starts after a publish searches an older version. A query keeps the Retriever it started
+with, and its Retrieval names the collection and version, which is the one folder the
+compressor then reads the sentences from: a query sees one version from start to end.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from pipeline.messages import DEFAULT_COLLECTION
+from retrieval.collection_store import CollectionNotFound, CollectionStore
+from retrieval.retriever import Retriever
+from retrieval.sentence_store import SentenceStore
+
+logger = logging.getLogger(__name__)
+
+
+class CollectionEmpty(ValueError):
+    """The collection exists but holds no documents (nothing published, or all deleted)."""
+
+
+@dataclass(frozen=True)
+class _Loaded:
+    version: str
+    retriever: Retriever
+
+
+class RetrieverCatalog:
+    """The retriever for each collection's current version, opened on first use."""
+
+    def __init__(
+        self,
+        default: Retriever,
+        store: CollectionStore | None,
+        open_version: Callable[[Path, str], Retriever],
+    ) -> None:
+        """`default` serves DEFAULT_COLLECTION; `store` holds the others (None: collections
+        are off); `open_version(folder, collection)` opens one version's index."""
+        self._default = default
+        self._store = store
+        self._open_version = open_version
+        self._loaded: dict[str, _Loaded] = {}
+        self._loading = threading.Lock()
+
+    @property
+    def default(self) -> Retriever:
+        return self._default
+
+    def retriever_for(self, collection: str | None) -> Retriever:
+        """The retriever of `collection`'s current version (the shipped corpus for None).
+
+        Raises CollectionNotFound (no such collection, or collections are off),
+        CollectionEmpty (nothing to search yet), InvalidCollectionName."""
+        if collection is None or collection == DEFAULT_COLLECTION:
+            return self._default
+        if self._store is None:
+            raise CollectionNotFound(f"collection {collection!r} does not exist")
+        try:
+            published = self._store.current(collection)
+        except CollectionNotFound:
+            self._loaded.pop(collection, None)
+            raise
+        if published is None:
+            raise CollectionEmpty(f"collection {collection!r} has no documents yet")
+        loaded = self._loaded.get(collection)
+        if loaded is None or loaded.version != published.version:
+            loaded = self._load(collection, published.version, published.path)
+        if loaded.retriever.num_chunks == 0:
+            raise CollectionEmpty(f"collection {collection!r} has no documents")
+        return loaded.retriever
+
+    def served_versions(self) -> dict[str, str]:
+        """Collection -> the version this replica last opened for it."""
+        return {name: loaded.version for name, loaded in self._loaded.items()}
+
+    def _load(self, collection: str, version: str, folder: Path) -> _Loaded:
+        # One load at a time: queries that arrive meanwhile wait for it rather than each
+        # opening the same folder.
+        with self._loading:
+            loaded = self._loaded.get(collection)
+            if loaded is not None and loaded.version == version:
+                return loaded
+            loaded = _Loaded(version, self._open_version(folder, collection))
+            self._loaded[collection] = loaded
+        logger.info("collection %s: now serving version %s", collection, version)
+        return loaded
+
+
+class SentenceStoreCatalog:
+    """The sentence store of any collection version a retrieval names, the most recently
+    used `max_loaded` of them kept in memory (the shipped corpus's store is the preparer's
+    own)."""
+
+    def __init__(self, store: CollectionStore, max_loaded: int = 8) -> None:
+        self._store = store
+        self._max_loaded = max_loaded
+        self._loaded: OrderedDict[tuple[str, str], SentenceStore] = OrderedDict()
+        self._loading = threading.Lock()
+
+    def store_for(self, collection: str, version: str) -> SentenceStore | None:
+        """The sentences of that version, or None when it cannot be read (the collection
+        was deleted, or the version collected as garbage): the caller goes on without
+        sentence selection."""
+        key = (collection, version)
+        with self._loading:
+            found = self._loaded.get(key)
+            if found is not None:
+                self._loaded.move_to_end(key)
+                return found
+            try:
+                found = SentenceStore.load(self._store.version_path(collection, version))
+            except (OSError, ValueError) as exc:
+                logger.warning("no sentences for %s version %s: %s", collection, version, exc)
+                return None
+            self._loaded[key] = found
+            while len(self._loaded) > self._max_loaded:
+                self._loaded.popitem(last=False)
+        return found
