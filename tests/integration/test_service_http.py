@@ -387,7 +387,9 @@ def test_serve_status_shows_every_deployment_healthy(service):
     application = status["applications"]["rag"]
     assert application["status"] == "RUNNING"
     deployments = application["deployments"]
-    assert set(deployments) == {"RagIngress", "Retriever", "Compressor", "Generator"}
+    assert set(deployments) == {
+        "RagIngress", "Retriever", "Compressor", "Generator", "CollectionWriter"
+    }  # fmt: skip
     assert {d["status"] for d in deployments.values()} == {"HEALTHY"}
 
 
