@@ -661,6 +661,13 @@ class CollectionsConfig(StrictModel):
         60.0, gt=0, description="Longest wait for another writer to finish before failing."
     )
     torch_threads: int = Field(1, ge=1, description="Intra-op threads for the writer's embedder.")
+    job_niceness: int = Field(
+        10,
+        ge=0,
+        le=19,
+        description="Unix nice value of the thread that runs jobs: on a busy machine, "
+        "ingestion yields the CPU to queries (0: same priority).",
+    )
     deployment: WriterReplicaConfig = WriterReplicaConfig()
 
     @model_validator(mode="after")

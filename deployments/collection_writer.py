@@ -9,6 +9,8 @@ on the same folder. Answers are plain dicts (the API's response bodies) or Stage
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -90,7 +92,7 @@ class CollectionWriterDeployment:
             refused = await self._write(lambda: self._store.create(name))
         if isinstance(refused, StageError):
             return refused
-        return self._describe(name)
+        return await asyncio.to_thread(self._describe, name)
 
     async def delete_collection(self, name: str) -> dict[str, Any] | StageError:
         """Delete a collection and every version of it (after the job running, if any)."""
@@ -103,8 +105,11 @@ class CollectionWriterDeployment:
         return {"name": name, "object": "collection", "deleted": True}
 
     async def list_collections(self) -> dict[str, Any]:
-        names = await asyncio.to_thread(self._store.names)
-        data = [self._default] + [self._describe(name) for name in names]
+        described = await asyncio.to_thread(
+            lambda: [self._describe(name) for name in self._store.names()]
+        )
+        # A collection deleted while it was being listed is left out.
+        data = [self._default] + [c for c in described if not c.get("deleted")]
         return {"object": "list", "data": data}
 
     async def list_documents(
@@ -166,8 +171,15 @@ class CollectionWriterDeployment:
         while True:
             job, work = await self._queue.get()
             async with self._writing:
-                await asyncio.to_thread(self._ingestor.run, job, work, self._progress_saver())
+                await asyncio.to_thread(self._run_job, job, work)
             self._queue.task_done()
+
+    def _run_job(self, job: JobRecord, work: JobInput) -> None:
+        # Linux sets a nice value per thread: this one (torch runs one intra-op thread here)
+        # yields the CPU to the query path while a job embeds and indexes.
+        with contextlib.suppress(OSError):
+            os.setpriority(os.PRIO_PROCESS, 0, self._settings.job_niceness)
+        self._ingestor.run(job, work, self._progress_saver())
 
     def _progress_saver(self) -> Callable[[JobRecord], None]:
         last_saved = 0.0
