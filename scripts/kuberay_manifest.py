@@ -7,15 +7,16 @@ Run from the repository root::
     python -m scripts.kuberay_manifest --image my.registry/rag-serve:1.0 --output build/rag.yaml
 
 serve_config.gpu.yaml stays the one source of truth: it is embedded verbatim as
-`spec.serveConfigV2`, and the worker groups' bounds, the serve port, the GPU type and the index
-mount are derived from it. Targets KubeRay v1.7.0, whose RayService CRD is vendored in
-deploy/kuberay/crd/ (docs/deploy-kuberay.md).
+`spec.serveConfigV2`, and the worker groups' bounds, the serve port, the GPU type, the index
+mount and the collections mount are derived from it. Targets KubeRay v1.7.0, whose RayService
+CRD is vendored in deploy/kuberay/crd/ (docs/deploy-kuberay.md).
 """
 
 from __future__ import annotations
 
 import argparse
 import math
+import posixpath
 import sys
 import tomllib
 from dataclasses import dataclass
@@ -40,6 +41,11 @@ API_KEY_SECRET = "rag-api-keys"  # key RAG_API_KEYS, read by app/settings.py
 HF_TOKEN_SECRET = "rag-hf-token"  # key HF_TOKEN, optional: only gated models need it
 INDEX_CLAIM = "rag-indexes"
 INDEX_MOUNT = "/mnt/indexes"
+# Users' collections (`collections` in the config), read-write on every pod: the one writer
+# publishes versions there from whichever pod it runs on, and every retriever and compressor
+# replica reads them, so it must be one shared (ReadWriteMany) volume, not a folder per pod.
+COLLECTIONS_CLAIM = "rag-collections"
+COLLECTIONS_MOUNT = "/mnt/collections"
 MODEL_CACHE_MOUNT = "/mnt/model-cache"
 MODEL_CACHE_LIMIT = "40Gi"  # the INT4 Llama, LLMLingua-2 large and MiniLM with room to spare
 # GPU Feature Discovery's label (NVIDIA GPU operator); on GKE use cloud.google.com/gke-accelerator.
@@ -102,11 +108,13 @@ def build_manifest(serve_config_text: str, ray_version: str, image: str) -> dict
     config = parse_config(_rag_application(serve_config)["args"])
     serve_port = _serve_port(serve_config)
     _check_index_path(config)
+    _check_collections_root(config)
+    collections = config.collections.enabled
     gpu_min, gpu_max = gpu_worker_bounds(config)
     cpu_min, cpu_max = cpu_worker_bounds(config)
     accelerator = config.generator.accelerator_type
 
-    gpu_pod = _pod_template("ray-worker", image, GPU_WORKER, serve_port)
+    gpu_pod = _pod_template("ray-worker", image, GPU_WORKER, serve_port, collections=collections)
     gpu_group: dict[str, Any] = {
         "groupName": "gpu",
         "replicas": gpu_min,
@@ -124,7 +132,9 @@ def build_manifest(serve_config_text: str, ray_version: str, image: str) -> dict
     ]
     gpu_group["template"] = gpu_pod
 
-    head_pod = _pod_template("ray-head", image, HEAD, serve_port, HEAD_PORTS)
+    head_pod = _pod_template(
+        "ray-head", image, HEAD, serve_port, HEAD_PORTS, collections=collections
+    )
     return {
         "apiVersion": "ray.io/v1",
         "kind": "RayService",
@@ -164,7 +174,9 @@ def build_manifest(serve_config_text: str, ray_version: str, image: str) -> dict
                         "replicas": cpu_min,
                         "minReplicas": cpu_min,
                         "maxReplicas": cpu_max,
-                        "template": _pod_template("ray-worker", image, CPU_WORKER, serve_port),
+                        "template": _pod_template(
+                            "ray-worker", image, CPU_WORKER, serve_port, collections=collections
+                        ),
                     },
                     gpu_group,
                 ],
@@ -223,9 +235,16 @@ def ray_version_pinned(pyproject_text: str) -> str:
 
 
 def _pod_template(
-    name: str, image: str, size: PodSize, serve_port: int, ports: dict[str, int] | None = None
+    name: str,
+    image: str,
+    size: PodSize,
+    serve_port: int,
+    ports: dict[str, int] | None = None,
+    *,
+    collections: bool = False,
 ) -> dict[str, Any]:
     """A Ray pod: the same image, environment and volumes on every node, so replicas can move.
+    With `collections`, the shared collections volume too, read-write.
 
     No probes are set: KubeRay injects them when none are given (a raylet check on each pod,
     plus, on RayService workers, the Serve proxy's /-/healthz on the port named `serve`, so the
@@ -234,6 +253,25 @@ def _pod_template(
     """
     container_ports = {**(ports or {}), "serve": serve_port}
     container_ports.setdefault("metrics", METRICS_PORT)
+    volume_mounts: list[dict[str, Any]] = [
+        {"name": "indexes", "mountPath": INDEX_MOUNT, "readOnly": True},
+        {"name": "model-cache", "mountPath": MODEL_CACHE_MOUNT},
+    ]
+    volumes: list[dict[str, Any]] = [
+        {
+            "name": "indexes",
+            "persistentVolumeClaim": {"claimName": INDEX_CLAIM, "readOnly": True},
+        },
+        # Per pod: survives container restarts; a new pod downloads the models again.
+        {"name": "model-cache", "emptyDir": {"sizeLimit": MODEL_CACHE_LIMIT}},
+    ]
+    if collections:
+        # Read-write everywhere: the writer may land on any pod, and every store creates
+        # `collections.root` if it is missing.
+        volume_mounts.append({"name": "collections", "mountPath": COLLECTIONS_MOUNT})
+        volumes.append(
+            {"name": "collections", "persistentVolumeClaim": {"claimName": COLLECTIONS_CLAIM}}
+        )
     container = {
         "name": name,
         "image": image,
@@ -249,24 +287,9 @@ def _pod_template(
             _secret_env("HF_TOKEN", HF_TOKEN_SECRET, optional=True),
             {"name": "HF_HOME", "value": f"{MODEL_CACHE_MOUNT}/huggingface"},
         ],
-        "volumeMounts": [
-            {"name": "indexes", "mountPath": INDEX_MOUNT, "readOnly": True},
-            {"name": "model-cache", "mountPath": MODEL_CACHE_MOUNT},
-        ],
+        "volumeMounts": volume_mounts,
     }
-    return {
-        "spec": {
-            "containers": [container],
-            "volumes": [
-                {
-                    "name": "indexes",
-                    "persistentVolumeClaim": {"claimName": INDEX_CLAIM, "readOnly": True},
-                },
-                # Per pod: survives container restarts; a new pod downloads the models again.
-                {"name": "model-cache", "emptyDir": {"sizeLimit": MODEL_CACHE_LIMIT}},
-            ],
-        }
-    }
+    return {"spec": {"containers": [container], "volumes": volumes}}
 
 
 def _secret_env(name: str, secret: str, optional: bool = False) -> dict[str, Any]:
@@ -299,9 +322,30 @@ def _check_index_path(config: RagAppConfig) -> None:
         )
 
 
+def _check_collections_root(config: RagAppConfig) -> None:
+    collections = config.collections
+    if not collections.enabled:
+        return
+    root = PurePosixPath(posixpath.normpath(collections.root))
+    if not root.is_relative_to(COLLECTIONS_MOUNT):
+        raise ManifestError(
+            f"collections.root {collections.root!r} is not on the collections volume, mounted "
+            f"read-write at {COLLECTIONS_MOUNT} on every pod: the one writer publishes versions "
+            "there and every retriever and compressor replica reads them, so a folder inside "
+            "each pod would keep a pod's changes from the others"
+        )
+
+
 def _side_stages(config: RagAppConfig) -> list[ReplicaConfig]:
     """Every stage but the generator, whose GPUs come from vLLM's placement group."""
-    return [config.retriever.deployment, config.compression.deployment, config.ingress.deployment]
+    stages = [
+        config.retriever.deployment,
+        config.compression.deployment,
+        config.ingress.deployment,
+    ]
+    if config.collections.enabled:
+        stages.append(config.collections.deployment)
+    return stages
 
 
 def _replica_bounds(replica: ReplicaConfig) -> tuple[int, int]:

@@ -270,6 +270,57 @@ def test_the_index_volume_is_a_read_only_claim_holding_the_retrievers_index_path
         }
 
 
+def test_the_collections_volume_is_a_read_write_claim_on_every_pod_holding_the_root():
+    """The one writer (on any pod) publishes versions under collections.root and every
+    retriever and compressor replica reads them: one shared volume, writable everywhere."""
+    collections = _serve_config()["applications"][0]["args"]["collections"]
+    assert collections.get("enabled", True)
+    assert collections["root"] == km.COLLECTIONS_MOUNT == "/mnt/collections"
+
+    groups = []
+    for group, pod in _pods(_manifest()):
+        groups.append(group)
+        volumes = {volume["name"]: volume for volume in pod["volumes"]}
+        assert volumes["collections"] == {
+            "name": "collections",
+            "persistentVolumeClaim": {"claimName": km.COLLECTIONS_CLAIM},
+        }, group
+        assert km.COLLECTIONS_CLAIM == "rag-collections"
+        (container,) = pod["containers"]
+        mounts = {mount["name"]: mount for mount in container["volumeMounts"]}
+        assert mounts["collections"] == {"name": "collections", "mountPath": "/mnt/collections"}
+        assert not mounts["collections"].get("readOnly", False), group
+    assert groups == ["head", "cpu", "gpu"]
+
+
+def test_without_collections_no_pod_mounts_a_collections_volume():
+    serve_config = _serve_config()
+    collections = serve_config["applications"][0]["args"]["collections"]
+    collections["enabled"] = False
+    collections.pop("root")  # the relative default is fine when nothing reads it
+    manifest = _rendered(serve_config)
+
+    assert _errors(manifest) == []
+    for group, pod in _pods(manifest):
+        assert "collections" not in {volume["name"] for volume in pod["volumes"]}, group
+        (container,) = pod["containers"]
+        mounts = {mount["name"] for mount in container["volumeMounts"]}
+        assert mounts == {"indexes", "model-cache"}, group
+    assert km.COLLECTIONS_CLAIM not in km.render(yaml.safe_dump(serve_config), RAY_VERSION)
+
+
+def test_the_collection_writer_counts_toward_the_cpu_pods():
+    serve_config = _serve_config()
+    args = serve_config["applications"][0]["args"]
+    args["collections"]["deployment"] = {"num_cpus": 8}
+    config = parse_config(args)
+
+    # Ingress 1..4 CPUs plus the writer's 8, on 4-CPU pods.
+    assert km.cpu_worker_bounds(config) == (3, 3)
+    args["collections"]["enabled"] = False
+    assert km.cpu_worker_bounds(parse_config(args)) == (2, 2)
+
+
 def test_probes_are_left_to_kuberay_on_the_port_named_serve():
     """KubeRay injects probes only into containers without them; its worker readiness probe
     checks the Serve proxy's /-/healthz on the container port named `serve`."""
@@ -375,8 +426,31 @@ def test_ten_tenths_of_a_gpu_fill_one_pod_not_two():
             ),
             "tensor_parallel_size=2",
         ),
+        (
+            lambda c: c["applications"][0]["args"]["collections"].pop("root"),
+            "'indexes/collections' is not on the collections volume",
+        ),
+        (
+            lambda c: c["applications"][0]["args"]["collections"].update(
+                root="/mnt/indexes/collections"
+            ),
+            "a folder inside each pod would keep a pod's changes from the others",
+        ),
+        (
+            lambda c: c["applications"][0]["args"]["collections"].update(
+                root="/mnt/collections/../scratch"
+            ),
+            "not on the collections volume, mounted read-write at /mnt/collections",
+        ),
     ],
-    ids=["proxy-on-loopback", "index-off-the-volume", "tensor-parallel-beyond-one-gpu"],
+    ids=[
+        "proxy-on-loopback",
+        "index-off-the-volume",
+        "tensor-parallel-beyond-one-gpu",
+        "collections-in-each-pod",
+        "collections-on-the-read-only-index-volume",
+        "collections-escaping-the-volume",
+    ],
 )
 def test_a_serve_config_this_manifest_cannot_run_is_refused(edit, message):
     serve_config = _serve_config()
