@@ -661,6 +661,11 @@ class CollectionsConfig(StrictModel):
         60.0, gt=0, description="Longest wait for another writer to finish before failing."
     )
     torch_threads: int = Field(1, ge=1, description="Intra-op threads for the writer's embedder.")
+    device: str = Field(
+        "cpu",
+        description="Torch device of the writer's embedder (the retriever's model): 'cpu' "
+        "unless the writer is given a GPU share in `deployment`.",
+    )
     job_niceness: int = Field(
         10,
         ge=0,

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from app.config import PROJECT_ROOT, RagAppConfig, resolve_path
+from deployments.collection_metrics import IngestionMetrics
 from pipeline.log import get_logger
 from pipeline.messages import DEFAULT_COLLECTION, StageError
 from retrieval.chunking import ChunkingParams
@@ -52,7 +53,7 @@ class CollectionWriterDeployment:
         self._retry_after_s = config.ingress.retry_after_s
         embedding = config.retriever.embedding
         embedder = Embedder.load(
-            resolve_model_reference(embedding.model, PROJECT_ROOT), device=embedding.device
+            resolve_model_reference(embedding.model, PROJECT_ROOT), device=settings.device
         )
         self._ingestor = Ingestor(
             self._store,
@@ -77,6 +78,7 @@ class CollectionWriterDeployment:
         )
         self._writing = asyncio.Lock()  # one change at a time within this replica
         self._worker: asyncio.Task | None = None
+        self._metrics = IngestionMetrics()
         logger.info(
             "collection writer ready: %s, %d collections; removed %d unfinished builds, "
             "failed %d interrupted jobs",
@@ -172,6 +174,10 @@ class CollectionWriterDeployment:
             job, work = await self._queue.get()
             async with self._writing:
                 await asyncio.to_thread(self._run_job, job, work)
+            try:
+                self._metrics.observe(job)
+            except Exception:  # a metric must not stop the worker (and the replica with it)
+                logger.exception("job %s: its metrics were not recorded", job.id)
             self._queue.task_done()
 
     def _run_job(self, job: JobRecord, work: JobInput) -> None:

@@ -15,6 +15,7 @@ import numpy as np
 from ray import serve
 
 from app.config import PROJECT_ROOT, CollectionsConfig, RetrieverConfig, resolve_path
+from deployments.collection_metrics import VersionLoadMetrics
 from pipeline.log import get_logger
 from pipeline.messages import DEFAULT_SEARCH, Retrieval, SearchOptions, StageError
 from retrieval.catalog import CollectionEmpty, RetrieverCatalog
@@ -59,6 +60,7 @@ class RetrieverDeployment:
                 nprobe=config.nprobe,
                 ef_search=config.ef_search,
             ),
+            on_load=VersionLoadMetrics().observe_load if store is not None else None,
         )
         self._embed_batch.set_max_batch_size(config.embedding.batch_size)
         self._embed_batch.set_batch_wait_timeout_s(config.embedding.batch_wait_timeout_ms / 1000)

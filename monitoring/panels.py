@@ -20,8 +20,9 @@ APPLICATION = 'application=~"$Application"'
 RATE = "$__rate_interval"
 
 # Metric families (names without _bucket/_sum/_count) whose series carry `application`:
-# deployments/metrics.py records through ray.serve.metrics inside the ingress replica, which
-# adds `application`, `deployment` and `replica`; Serve's proxy, routers, replicas and
+# deployments/metrics.py records through ray.serve.metrics inside the ingress replica, and
+# deployments/collection_metrics.py inside the collection writer and retriever replicas,
+# which adds `application`, `deployment` and `replica`; Serve's proxy, routers, replicas and
 # controller tag theirs with it. vLLM's engine metrics (ray_vllm_*) go through
 # ray.util.metrics and carry none. tests/integration/test_monitoring.py checks this set
 # against a real scrape.
@@ -36,6 +37,12 @@ APPLICATION_LABELLED = frozenset(
         "ray_rag_context_tokens_total",
         "ray_rag_request_errors_total",
         "ray_rag_requests_degraded_total",
+        "ray_rag_ingestion_jobs_total",
+        "ray_rag_ingestion_job_seconds",
+        "ray_rag_ingestion_queue_seconds",
+        "ray_rag_ingestion_documents_total",
+        "ray_rag_collection_version_loads_total",
+        "ray_rag_collection_version_load_ms",
         "ray_serve_num_http_requests_total",
         "ray_serve_deployment_replica_healthy",
         "ray_serve_deployment_queued_queries",
@@ -369,4 +376,73 @@ SERVE = RowSpec(
     ),
 )
 
-ROWS = (INGRESS, RETRIEVER, GENERATOR, SERVE)
+COLLECTIONS = RowSpec(
+    500,
+    "Collections: ingestion and version loads",
+    (
+        PanelSpec(
+            501,
+            "Ingestion jobs by status",
+            "Ingestion jobs finished per second at the collection writer, by status and "
+            "action (add, delete). Not per collection: names are unbounded.",
+            "ops",
+            (
+                Line(
+                    f"sum by (status, action) ({_rate('ray_rag_ingestion_jobs_total')})",
+                    "{{status}} {{action}}",
+                ),
+            ),
+        ),
+        PanelSpec(
+            502,
+            "Ingestion job duration",
+            "How long jobs ran (started to finished), p50/p95 by action, and how long they "
+            "waited in the writer's queue before starting, p95.",
+            "s",
+            (
+                *(
+                    Line(
+                        f"histogram_quantile({q}, sum by (le, action) ("
+                        f"{_rate('ray_rag_ingestion_job_seconds_bucket')}))",
+                        f"p{int(q * 100)} {{{{action}}}}",
+                    )
+                    for q in (0.5, 0.95)
+                ),
+                Line(
+                    f"histogram_quantile(0.95, sum by (le) ("
+                    f"{_rate('ray_rag_ingestion_queue_seconds_bucket')}))",
+                    "p95 queued",
+                ),
+            ),
+        ),
+        PanelSpec(
+            503,
+            "Documents ingested by outcome",
+            "Documents per second in finished jobs: added, replaced, deleted, unreadable "
+            "(skipped, reported in the job's errors), not_found (a delete of no document).",
+            "short",
+            (
+                Line(
+                    f"sum by (outcome) ({_rate('ray_rag_ingestion_documents_total')})",
+                    "{{outcome}}",
+                ),
+            ),
+        ),
+        PanelSpec(
+            504,
+            "Version load time on the query path",
+            "Time a retriever replica took to open a collection's newly published version, "
+            "p95: the first query to it after a publish waits that long.",
+            "ms",
+            (
+                Line(
+                    f"histogram_quantile(0.95, sum by (le) ("
+                    f"{_rate('ray_rag_collection_version_load_ms_bucket')}))",
+                    "p95 load",
+                ),
+            ),
+        ),
+    ),
+)
+
+ROWS = (INGRESS, RETRIEVER, GENERATOR, SERVE, COLLECTIONS)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -43,12 +44,16 @@ class RetrieverCatalog:
         default: Retriever,
         store: CollectionStore | None,
         open_version: Callable[[Path, str], Retriever],
+        on_load: Callable[[str, float], None] | None = None,
     ) -> None:
         """`default` serves DEFAULT_COLLECTION; `store` holds the others (None: collections
-        are off); `open_version(folder, collection)` opens one version's index."""
+        are off); `open_version(folder, collection)` opens one version's index;
+        `on_load(collection, ms)` is told how long each opening took (the query that
+        found the new version waited that long)."""
         self._default = default
         self._store = store
         self._open_version = open_version
+        self._on_load = on_load
         self._loaded: dict[str, _Loaded] = {}
         self._loading = threading.Lock()
 
@@ -90,9 +95,21 @@ class RetrieverCatalog:
             loaded = self._loaded.get(collection)
             if loaded is not None and loaded.version == version:
                 return loaded
+            started = time.perf_counter()
             loaded = _Loaded(version, self._open_version(folder, collection))
+            load_ms = (time.perf_counter() - started) * 1000
             self._loaded[collection] = loaded
-        logger.info("collection %s: now serving version %s", collection, version)
+        logger.info(
+            "collection %s: now serving version %s (opened in %.0f ms)",
+            collection,
+            version,
+            load_ms,
+        )
+        if self._on_load is not None:
+            try:
+                self._on_load(collection, load_ms)
+            except Exception:  # a metric must not fail the query that loaded the version
+                logger.exception("on_load failed for collection %s", collection)
         return loaded
 
 

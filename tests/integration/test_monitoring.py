@@ -4,7 +4,9 @@ The module starts the application (`serve run`, its Ray instance in a temp dir o
 the discovery file is this session's) and Debian's Prometheus with monitoring/prometheus.yml
 pointed at it, sends traffic of every kind the panels show (answers, streams, compression
 methods, errors, a compressor timeout answered degraded, requests past the key's rate limit),
-waits for the scrapes, and runs every panel's PromQL through Prometheus's HTTP API: each must
+and in each round an ingestion job into a collection of the test's own (a document added, one
+replaced, an unreadable file) and a query that opens the collection's new version; it waits
+for the scrapes, and runs every panel's PromQL through Prometheus's HTTP API: each must
 return data, with the Application filter set to this application. MONITORING_SCREENSHOT=path
 renders the panels from the same queries into a PNG (the docs' picture).
 """
@@ -32,6 +34,12 @@ pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[2]
 API_KEY = "monitoring-test-key-0123456789"
+# The collection traffic's own key: API_KEY's bucket is emptied at the end of every round.
+COLLECTIONS_KEY = "monitoring-collections-key-0123456789"
+COLLECTION = "monitoring"
+JOB_TIMEOUT_S = 180
+# Slower than the rate limit's refill (0.5 requests/s): polling a job never runs out.
+JOB_POLL_S = 2.0
 SCRAPE_S = 2.0
 # Ray's workers report to their node's metrics agent every 10 s by default.
 EXPORT_WAIT_S = 25.0
@@ -66,6 +74,7 @@ def monitored(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Monitored]:
     (app,) = config["applications"]
     app["args"]["compression"]["timeout_s"] = COMPRESSOR_TIMEOUT_S
     app["args"]["ingress"]["rate_limit"] = RATE_LIMIT
+    app["args"]["collections"]["root"] = str(workdir / "collections")  # not the checkout's
     config_path = workdir / "serve_config.yaml"
     config_path.write_text(yaml.safe_dump(config))
     # Short: Ray's socket paths live under it and must stay under 108 bytes.
@@ -74,7 +83,7 @@ def monitored(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Monitored]:
     prometheus_config.write_text(yaml.safe_dump(config_for(ray_tmp / "ray", SCRAPE_S)))
     prometheus_port = free_port()
     prometheus_url = f"http://127.0.0.1:{prometheus_port}"
-    env = {"RAG_API_KEYS": API_KEY, "RAY_TMPDIR": str(ray_tmp)}
+    env = {"RAG_API_KEYS": f"{API_KEY},{COLLECTIONS_KEY}", "RAY_TMPDIR": str(ray_tmp)}
     try:
         with (
             running_service(config_path, port, workdir / "serve.log", env) as url,
@@ -99,7 +108,13 @@ def monitored(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Monitored]:
 def traffic(monitored: Monitored) -> None:
     """Two rounds of requests with scrapes between them, so every rate() sees an increase."""
     headers = {"Authorization": f"Bearer {API_KEY}"}
-    with httpx.Client(base_url=monitored.service_url, headers=headers, timeout=300) as client:
+    collections_headers = {"Authorization": f"Bearer {COLLECTIONS_KEY}"}
+    with (
+        httpx.Client(base_url=monitored.service_url, headers=headers, timeout=300) as client,
+        httpx.Client(
+            base_url=monitored.service_url, headers=collections_headers, timeout=300
+        ) as collections,
+    ):
         for round_ in range(ROUNDS):
             with client.stream(
                 "POST",
@@ -128,12 +143,58 @@ def traffic(monitored: Monitored) -> None:
             # Past the key's rate limit: cheap requests until the bucket is empty, then 429s.
             statuses = [client.get("/v1/models").status_code for _ in range(RATE_LIMIT_BURST + 5)]
             assert set(statuses) == {200, 429} and statuses[0] == 200, statuses
-            time.sleep(EXPORT_WAIT_S)
+            # The collection's job and query run in the wait for the export.
+            exported_at = time.monotonic() + EXPORT_WAIT_S
+            _ingest(collections, round_)
+            time.sleep(max(0.0, exported_at - time.monotonic()))
     _wait_for(monitored.prometheus_url, "ray_rag_requests_degraded_total", minimum=ROUNDS)
     _wait_for(
         monitored.prometheus_url, 'ray_rag_request_errors_total{status="429"}', minimum=ROUNDS
     )
     _wait_for(monitored.prometheus_url, "ray_rag_request_errors_total", minimum=4 * ROUNDS)
+    _wait_for(monitored.prometheus_url, "ray_rag_ingestion_jobs_total", minimum=ROUNDS)
+    _wait_for(monitored.prometheus_url, "ray_rag_collection_version_loads_total", minimum=ROUNDS)
+
+
+def _ingest(client: httpx.Client, round_: int) -> None:
+    """One job into COLLECTION (created in the first round): `notes` added, then replaced;
+    a document of the round's own; a file that cannot be read. Then a query to the
+    collection, which opens the version the job published."""
+    if round_ == 0:
+        created = client.post("/v1/collections", json={"name": COLLECTION})
+        assert created.status_code == 201, created.text
+    files = [
+        ("notes.md", f"# Notes\n\nThe night ferry leaves at {7 + round_} o'clock.\n"),
+        (f"round-{round_}.md", f"# Round {round_}\n\nRound {round_} of the monitoring test.\n"),
+    ]
+    response = client.post(
+        f"/v1/collections/{COLLECTION}/documents",
+        files=[("files", (name, text.encode(), "text/markdown")) for name, text in files]
+        + [("files", ("broken.pdf", b"%PDF-1.4 not really", "application/pdf"))],
+    )
+    assert response.status_code == 202, response.text
+    job = response.json()
+    deadline = time.monotonic() + JOB_TIMEOUT_S
+    while job["status"] not in ("succeeded", "failed"):
+        assert time.monotonic() < deadline, f"job still {job['status']}: {job}"
+        time.sleep(JOB_POLL_S)
+        polled = client.get(f"/v1/jobs/{job['id']}")
+        assert polled.status_code == 200, polled.text
+        job = polled.json()
+    assert job["status"] == "succeeded", job
+    expected = {"added": 2, "replaced": 0} if round_ == 0 else {"added": 1, "replaced": 1}
+    assert {**expected, "unreadable": 1}.items() <= job["counts"].items(), job
+    answer = client.post(
+        "/v1/rag/query",
+        json={
+            "question": "When does the night ferry leave?",
+            "collection": COLLECTION,
+            "max_tokens": 4,
+            "compression": {"method": "none"},
+        },
+    )
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["sources"][0]["id"].startswith("notes#"), answer.json()
 
 
 def _ask(client: httpx.Client, round_: int, compression: dict) -> dict:
@@ -258,6 +319,26 @@ def test_context_tokens_before_exceed_after(monitored, traffic):
     result = _query(monitored.prometheus_url, "sum by (phase) (ray_rag_context_tokens_total)")
     tokens = {series["metric"]["phase"]: float(series["value"][1]) for series in result}
     assert tokens["before"] > tokens["after"] > 0
+
+
+def test_ingestion_is_counted_by_status_and_outcome_and_version_loads_are_timed(monitored, traffic):
+    jobs = _query(
+        monitored.prometheus_url, "sum by (action, status) (ray_rag_ingestion_jobs_total)"
+    )
+    by_status = {(s["metric"]["action"], s["metric"]["status"]): float(s["value"][1]) for s in jobs}
+    assert by_status == {("add", "succeeded"): ROUNDS}, by_status
+    result = _query(
+        monitored.prometheus_url, "sum by (outcome) (ray_rag_ingestion_documents_total)"
+    )
+    outcomes = {series["metric"]["outcome"]: float(series["value"][1]) for series in result}
+    assert outcomes == {"added": 3, "replaced": 1, "unreadable": ROUNDS}, outcomes
+    for expr in (
+        "sum(ray_rag_collection_version_loads_total)",
+        "sum(ray_rag_collection_version_load_ms_count)",
+        "sum(ray_rag_ingestion_queue_seconds_count)",
+    ):
+        result = _query(monitored.prometheus_url, expr)
+        assert result and float(result[0]["value"][1]) == ROUNDS, f"{expr}: {result}"
 
 
 def test_panels_render_from_the_same_queries(monitored, traffic, tmp_path):

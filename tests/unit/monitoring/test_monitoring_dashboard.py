@@ -193,6 +193,10 @@ REQUIRED = [
     "Rejections",
     "Replicas per deployment",
     "vLLM KV-cache usage",
+    "Ingestion jobs by status",
+    "Ingestion job duration",
+    "Documents ingested by outcome",
+    "Version load time on the query path",
 ]
 
 

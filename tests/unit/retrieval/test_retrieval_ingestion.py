@@ -204,6 +204,39 @@ def test_the_catalog_follows_current_and_a_query_keeps_its_version(
         catalog.retriever_for("docs")
 
 
+def test_the_catalog_reports_each_version_it_opens(ingestor, jobs, store, default_retriever):
+    loads: list[tuple[str, float]] = []
+    catalog = RetrieverCatalog(
+        default_retriever,
+        store,
+        default_retriever.open_version,
+        on_load=lambda collection, ms: loads.append((collection, ms)),
+    )
+    run(ingestor, jobs, JobInput(records=FACTS))
+    catalog.retriever_for("docs")
+    catalog.retriever_for("docs")
+    catalog.retriever_for(None)
+    assert [collection for collection, _ in loads] == ["docs"]  # once per version
+
+    run(ingestor, jobs, JobInput(deletes=("bees",)))
+    catalog.retriever_for("docs")
+
+    assert [collection for collection, _ in loads] == ["docs", "docs"]
+    assert all(ms >= 0 for _, ms in loads)
+
+
+def test_a_failing_load_hook_does_not_fail_the_query(ingestor, jobs, store, default_retriever):
+    def broken(collection: str, ms: float) -> None:
+        raise RuntimeError("metrics down")
+
+    catalog = RetrieverCatalog(
+        default_retriever, store, default_retriever.open_version, on_load=broken
+    )
+    run(ingestor, jobs, JobInput(records=FACTS))
+
+    assert catalog.retriever_for("docs").num_chunks == 2
+
+
 def test_a_collection_emptied_by_deletes_is_empty(ingestor, jobs, store, default_retriever):
     catalog = RetrieverCatalog(default_retriever, store, default_retriever.open_version)
     run(ingestor, jobs, JobInput(records=FACTS))
