@@ -21,7 +21,7 @@ from pipeline.messages import (
     RetrievalQueryMode,
 )
 from retrieval.cost_model import CompressionCostModel, CompressorCost, PrefillCost
-from retrieval.fusion import HybridParams
+from retrieval.fusion import HybridParams, check_fusion_params
 from retrieval.llmlingua_compressor import LLMLinguaOptions
 from retrieval.models import resolve_model_reference
 from retrieval.preparation import LLMLinguaLoad
@@ -174,8 +174,7 @@ class HybridRetrievalConfig(StrictModel):
 
     @model_validator(mode="after")
     def _a_weight(self) -> HybridRetrievalConfig:
-        if self.dense_weight == 0 and self.lexical_weight == 0:
-            raise ValueError("at least one of dense_weight and lexical_weight must be positive")
+        check_fusion_params((self.dense_weight, self.lexical_weight), self.rrf_k)
         return self
 
     @property

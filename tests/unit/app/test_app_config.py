@@ -309,3 +309,8 @@ def test_the_shipped_serve_config_still_parses_with_the_vllm_engine():
     assert config.generator.openai is None
     assert config.generator.tokenizer_source() == config.generator.model_source
     assert config.generator.served_model_name() == config.generator.model_id
+
+
+def test_hybrid_retrieval_needs_a_positive_weight():
+    with pytest.raises(ConfigError, match=r"retriever\.hybrid.*one fusion weight must be positive"):
+        parse_config({"retriever": {"hybrid": {"dense_weight": 0, "lexical_weight": 0}}})
