@@ -35,7 +35,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import math
-import os
 import random
 import shlex
 import sys
@@ -53,8 +52,7 @@ from bench.questions import DEFAULT_QUESTIONS as QUESTIONS
 from bench.service import ROOT, free_port, started_service
 from bench.stats import format_ms, mean, median, percentile_or_none, summarize, tpot_ms
 from bench.variant import first_application, write_variant
-from bench.vllm_server import running_vllm, vllm_environment, vllm_serve_argv
-from retrieval.models import resolve_model_reference
+from bench.vllm_server import external_generator_overrides, serving_generator
 
 SIDES = ("in-ray", "external")
 MAX_TOKENS = 32
@@ -88,16 +86,6 @@ def point_specs(
     }
 
 
-def external_overrides(base: RagAppConfig, vllm_port: int) -> dict[str, Any]:
-    """The external side's changes to the base config (besides SHARED_OVERRIDES)."""
-    return {
-        "generator.engine": "openai",
-        "generator.openai.base_url": f"http://127.0.0.1:{vllm_port}/v1",
-        "generator.openai.read_timeout_s": base.ingress.request_timeout_s,
-        "generator.deployment.num_cpus": 0.1,
-    }
-
-
 def write_side_config(
     base: Path, side: str, out: Path, port: int, vllm_port: int | None = None
 ) -> Path:
@@ -107,7 +95,8 @@ def write_side_config(
     if side == "external":
         if vllm_port is None:
             raise ValueError("the external side needs vllm_port")
-        overrides |= external_overrides(base_config(base), vllm_port)
+        timeout_s = base_config(base).ingress.request_timeout_s
+        overrides |= external_generator_overrides(f"http://127.0.0.1:{vllm_port}", timeout_s)
     elif side != "in-ray":
         raise ValueError(f"unknown side {side!r}")
     return write_variant(base, overrides, out, port)
@@ -151,20 +140,13 @@ def run_external(base: Path, work: Path, jobs: Mapping[int, list[RequestSpec]]) 
     """vLLM's own server for the generator of `base` (its engine arguments, its replica's
     environment), and the application streaming from it."""
     _, application = first_application(base)
-    generator = base_config(base).generator
-    vllm_port, port = free_port(), free_port()
-    model_path = resolve_model_reference(generator.model_source, ROOT)
-    argv = vllm_serve_argv(sys.executable, model_path, generator, "127.0.0.1", vllm_port)
-    app_env = application.get("runtime_env", {}).get("env_vars", {})
-    env = vllm_environment(dict(os.environ), app_env, generator)
-    vllm_url, log = f"http://127.0.0.1:{vllm_port}", work / "external.vllm.log"
-    config = write_side_config(base, "external", work / "external.yaml", port, vllm_port)
-    with (
-        running_vllm(argv, env, vllm_url, log, VLLM_READY_TIMEOUT_S),
-        started_service(config, port, work / "external.serve.log") as service,
-    ):
-        pids = [service.pid, listening_pid(vllm_port)]
-        return measure_side("external", service.base_url, pids, jobs)
+    log = work / "external.vllm.log"
+    with serving_generator(application, log, VLLM_READY_TIMEOUT_S) as server:
+        port = free_port()
+        config = write_side_config(base, "external", work / "external.yaml", port, server.port)
+        with started_service(config, port, work / "external.serve.log") as service:
+            pids = [service.pid, listening_pid(server.port)]
+            return measure_side("external", service.base_url, pids, jobs)
 
 
 # --- figures -----------------------------------------------------------------------------

@@ -8,13 +8,18 @@ engine_kwargs entry of the serve config, so vLLM alone runs the engine the pipel
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from app.config import GeneratorConfig
-from bench.service import running_server
+from app.config import PROJECT_ROOT, GeneratorConfig, parse_config
+from bench.service import free_port, running_server
+from retrieval.models import resolve_model_reference
 
 # Flags vllm_serve_argv sets itself; an engine_kwargs key among them is refused, not overridden.
 RESERVED_ENGINE_KEYS = frozenset({"model", "served_model_name", "host", "port", "max_model_len"})
@@ -100,3 +105,51 @@ def running_vllm(
         stop_grace_s=STOP_TIMEOUT_S,
     ):
         yield base_url
+
+
+@dataclass(frozen=True)
+class GeneratorServer:
+    """vLLM's own OpenAI-compatible server, running a serve config's generator."""
+
+    process: subprocess.Popen
+    port: int
+    base_url: str
+
+
+@contextmanager
+def serving_generator(
+    application: Mapping[str, Any], log_path: Path, ready_timeout_s: float
+) -> Iterator[GeneratorServer]:
+    """vLLM's own server for the generator of a serve config's `application` (the entry
+    of its `applications:`): the generator's model folder and engine arguments, the
+    replica's environment (runtime_env env_vars, then generator.env_vars), on a free
+    loopback port. Stopped on exit, whatever happened (as `running_vllm`)."""
+    generator = parse_config(application.get("args") or {}).generator
+    port = free_port()
+    model_path = resolve_model_reference(generator.model_source, PROJECT_ROOT)
+    argv = vllm_serve_argv(sys.executable, model_path, generator, "127.0.0.1", port)
+    app_env = application.get("runtime_env", {}).get("env_vars", {})
+    base_url = f"http://127.0.0.1:{port}"
+    with running_server(
+        argv,
+        f"{base_url}/health",
+        log_path,
+        env=vllm_environment(os.environ, app_env, generator),
+        name="vllm serve",
+        ready_timeout_s=ready_timeout_s,
+        poll_s=HEALTH_POLL_S,
+        stop_grace_s=STOP_TIMEOUT_S,
+    ) as process:
+        yield GeneratorServer(process, port, base_url)
+
+
+def external_generator_overrides(base_url: str, read_timeout_s: float) -> dict[str, Any]:
+    """Overrides (bench.variant's dotted keys) that make an application stream from the
+    OpenAI-compatible server at `base_url` (generator.engine: openai) instead of running
+    vLLM in Ray; its generator deployment becomes a light async actor."""
+    return {
+        "generator.engine": "openai",
+        "generator.openai.base_url": f"{base_url}/v1",
+        "generator.openai.read_timeout_s": read_timeout_s,
+        "generator.deployment.num_cpus": 0.1,
+    }

@@ -9,9 +9,7 @@ openai) instead of running vLLM inside Ray.
 
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
@@ -22,10 +20,10 @@ import httpx
 import pytest
 import yaml
 
-from app.config import PROJECT_ROOT, GeneratorConfig
-from bench.service import ServiceError, free_port, running_server, running_service
-from bench.vllm_server import HEALTH_POLL_S, STOP_TIMEOUT_S, vllm_environment, vllm_serve_argv
-from retrieval.models import resolve_model_reference
+from app.config import parse_config
+from bench.service import ServiceError, free_port, running_service
+from bench.variant import apply_overrides
+from bench.vllm_server import external_generator_overrides, serving_generator
 
 ROOT = Path(__file__).resolve().parents[2]
 API_KEY = "integration-test-key-0123456789"
@@ -67,11 +65,14 @@ def started(
         with ExitStack() as stack:
             external = None
             if engine == "openai":
-                external, base_url = stack.enter_context(external_vllm(application, folder))
-                generator = application["args"]["generator"]
-                generator["engine"] = "openai"
-                generator["openai"] = {"base_url": f"{base_url}/v1"}
-                generator["deployment"]["num_cpus"] = 0.1  # a light async actor now
+                server = stack.enter_context(
+                    serving_generator(application, folder / "vllm.log", ready_timeout_s=300)
+                )
+                external = server.process
+                timeout_s = parse_config(application["args"]).ingress.request_timeout_s
+                application["args"] = apply_overrides(
+                    application["args"], external_generator_overrides(server.base_url, timeout_s)
+                )
             config_path = folder / "serve_config.yaml"
             config_path.write_text(yaml.safe_dump(config))
             url = stack.enter_context(
@@ -92,33 +93,6 @@ def wait_for_every_stage(base_url: str, timeout_s: float = 300) -> None:
             return
         time.sleep(2)
     raise ServiceError(f"a stage of {base_url} is still not running after {timeout_s:.0f} s")
-
-
-@contextmanager
-def external_vllm(application: dict, folder: Path) -> Iterator[tuple[subprocess.Popen, str]]:
-    """vLLM's own OpenAI server with the generator's model and engine arguments."""
-    generator = GeneratorConfig.model_validate(application["args"]["generator"])
-    port = free_port()
-    argv = vllm_serve_argv(
-        sys.executable,
-        resolve_model_reference(generator.model_source, PROJECT_ROOT),
-        generator,
-        "127.0.0.1",
-        port,
-    )
-    env = vllm_environment(os.environ, application["runtime_env"]["env_vars"], generator)
-    base_url = f"http://127.0.0.1:{port}"
-    with running_server(
-        argv,
-        f"{base_url}/health",
-        folder / "vllm.log",
-        env=env,
-        name="vllm serve",
-        ready_timeout_s=300,
-        poll_s=HEALTH_POLL_S,
-        stop_grace_s=STOP_TIMEOUT_S,
-    ) as process:
-        yield process, base_url
 
 
 @pytest.fixture(scope="session")

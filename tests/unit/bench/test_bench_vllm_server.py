@@ -15,7 +15,7 @@ import pytest
 from app.config import parse_config
 from bench import service, vllm_server
 from bench.service import ServiceError, free_port
-from bench.variant import first_application
+from bench.variant import apply_overrides, first_application
 from bench.vllm_server import (
     STOP_TIMEOUT_S,
     VLLM_SERVER_MODULE,
@@ -154,3 +154,16 @@ def test_running_vllm_stops_the_server_when_the_body_fails(tmp_path, monkeypatch
     ):
         raise KeyboardInterrupt
     assert stopped == [(-signal.SIGTERM, STOP_TIMEOUT_S)]
+
+
+def test_external_generator_overrides_point_the_application_at_the_server():
+    _, application = first_application(ROOT / "serve_config.yaml")
+    overrides = vllm_server.external_generator_overrides("http://127.0.0.1:9001", 45.0)
+
+    config = parse_config(apply_overrides(application["args"], overrides))
+
+    assert config.generator.engine == "openai"
+    assert config.generator.openai is not None
+    assert config.generator.openai.base_url == "http://127.0.0.1:9001/v1"
+    assert config.generator.openai.read_timeout_s == 45.0
+    assert config.generator.deployment.num_cpus == 0.1
