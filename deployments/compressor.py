@@ -13,8 +13,10 @@ import asyncio
 import time
 
 from app.config import PROJECT_ROOT, RagAppConfig, resolve_path
+from deployments.version_refresh import VersionRefresher
 from pipeline.log import get_logger
 from pipeline.messages import (
+    DEFAULT_COLLECTION,
     Attribution,
     Citation,
     CompressionPlan,
@@ -48,6 +50,11 @@ class CompressorDeployment:
         collections = (
             SentenceStoreCatalog(CollectionStore(resolve_path(config.collections.root)))
             if config.collections.enabled
+            else None
+        )
+        self._refresher = (
+            VersionRefresher(collections.refresh, config.collections.refresh_s)
+            if collections is not None
             else None
         )
         self._preparer = PromptPreparer.load(
@@ -97,6 +104,8 @@ class CompressorDeployment:
         max_output_tokens: int,
     ) -> PreparedPrompt | StageError:
         """Compressed, budgeted messages for the generator, or the reason there are none."""
+        if retrieval.collection != DEFAULT_COLLECTION and self._refresher is not None:
+            self._refresher.start()
         if "llmlingua" in plan.method and not self._preparer.has_chunk_compressor:
             return StageError(
                 400,

@@ -16,8 +16,15 @@ from ray import serve
 
 from app.config import PROJECT_ROOT, CollectionsConfig, RetrieverConfig, resolve_path
 from deployments.collection_metrics import VersionLoadMetrics
+from deployments.version_refresh import VersionRefresher
 from pipeline.log import get_logger
-from pipeline.messages import DEFAULT_SEARCH, Retrieval, SearchOptions, StageError
+from pipeline.messages import (
+    DEFAULT_COLLECTION,
+    DEFAULT_SEARCH,
+    Retrieval,
+    SearchOptions,
+    StageError,
+)
 from retrieval.catalog import CollectionEmpty, RetrieverCatalog
 from retrieval.collection_store import CollectionNotFound, CollectionStore, InvalidCollectionName
 from retrieval.models import resolve_model_reference
@@ -62,6 +69,11 @@ class RetrieverDeployment:
             ),
             on_load=VersionLoadMetrics().observe_load if store is not None else None,
         )
+        self._refresher = (
+            VersionRefresher(self._catalog.refresh, collections.refresh_s)
+            if store is not None and collections is not None
+            else None
+        )
         self._embed_batch.set_max_batch_size(config.embedding.batch_size)
         self._embed_batch.set_batch_wait_timeout_s(config.embedding.batch_wait_timeout_ms / 1000)
         logger.info(
@@ -86,6 +98,8 @@ class RetrieverDeployment:
         if not 1 <= top_k <= self._max_top_k:
             return StageError(400, f"top_k must be 1..{self._max_top_k}", param="top_k")
         started_at_s, started = time.time(), time.perf_counter()
+        if search.collection not in (None, DEFAULT_COLLECTION) and self._refresher is not None:
+            self._refresher.start()
         try:
             # The version is chosen here, before any work: this request keeps it.
             retriever = await asyncio.to_thread(self._catalog.retriever_for, search.collection)

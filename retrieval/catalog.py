@@ -48,8 +48,9 @@ class RetrieverCatalog:
     ) -> None:
         """`default` serves DEFAULT_COLLECTION; `store` holds the others (None: collections
         are off); `open_version(folder, collection)` opens one version's index;
-        `on_load(collection, ms)` is told how long each opening took (the query that
-        found the new version waited that long)."""
+        `on_load(collection, ms)` is told how long each opening on the query path took
+        (the query that found the new version waited that long; `refresh` opens versions
+        off it)."""
         self._default = default
         self._store = store
         self._open_version = open_version
@@ -88,7 +89,28 @@ class RetrieverCatalog:
         """Collection -> the version this replica last opened for it."""
         return {name: loaded.version for name, loaded in self._loaded.items()}
 
-    def _load(self, collection: str, version: str, folder: Path) -> _Loaded:
+    def refresh(self) -> list[str]:
+        """Open the current version of each collection this replica has served, where it
+        changed, so that the next query finds it open (called off the query path; a query
+        arriving meanwhile waits for the same opening, never for a second one). Collections
+        that are gone are forgotten. The collections refreshed, in order."""
+        refreshed = []
+        for collection in list(self._loaded):
+            try:
+                published = self._store.current(collection) if self._store else None
+            except CollectionNotFound:
+                self._loaded.pop(collection, None)
+                continue
+            loaded = self._loaded.get(collection)
+            if published is None or (loaded is not None and loaded.version == published.version):
+                continue
+            self._load(collection, published.version, published.path, on_query_path=False)
+            refreshed.append(collection)
+        return refreshed
+
+    def _load(
+        self, collection: str, version: str, folder: Path, on_query_path: bool = True
+    ) -> _Loaded:
         # One load at a time: queries that arrive meanwhile wait for it rather than each
         # opening the same folder.
         with self._loading:
@@ -105,7 +127,7 @@ class RetrieverCatalog:
             version,
             load_ms,
         )
-        if self._on_load is not None:
+        if self._on_load is not None and on_query_path:
             try:
                 self._on_load(collection, load_ms)
             except Exception:  # a metric must not fail the query that loaded the version
@@ -123,6 +145,21 @@ class SentenceStoreCatalog:
         self._max_loaded = max_loaded
         self._loaded: OrderedDict[tuple[str, str], SentenceStore] = OrderedDict()
         self._loading = threading.Lock()
+
+    def refresh(self) -> list[str]:
+        """Load the current version's sentences of each collection this replica has served,
+        where they are not loaded yet (off the query path: the next retrieval will name that
+        version). The collections refreshed."""
+        refreshed = []
+        for collection in dict.fromkeys(name for name, _ in list(self._loaded)):
+            try:
+                published = self._store.current(collection)
+            except CollectionNotFound:
+                continue
+            if published is not None and (collection, published.version) not in self._loaded:
+                self.store_for(collection, published.version)
+                refreshed.append(collection)
+        return refreshed
 
     def store_for(self, collection: str, version: str) -> SentenceStore | None:
         """The sentences of that version, or None when it cannot be read (the collection

@@ -259,3 +259,37 @@ def test_the_sentence_catalog_reads_the_version_a_retrieval_names(ingestor, jobs
     assert (new.version, len(new)) == (second.version, 3)
     assert sentences.store_for("docs", "0123abcd") is None  # collected, or never published
     assert sentences.store_for("gone", first.version) is None
+
+
+def test_refresh_opens_a_new_version_before_any_query_asks(
+    ingestor, jobs, store, default_retriever
+):
+    loads = []
+    opener = default_retriever.open_version
+    catalog = RetrieverCatalog(
+        default_retriever, store, opener, on_load=lambda c, ms: loads.append(c)
+    )
+    run(ingestor, jobs, JobInput(records=FACTS))
+    assert catalog.refresh() == []  # nothing served yet: nothing to watch
+    catalog.retriever_for("docs")
+    second = run(ingestor, jobs, JobInput(deletes=("bees",)))
+
+    assert catalog.refresh() == ["docs"]
+    assert catalog.served_versions() == {"docs": second.version}
+    assert catalog.refresh() == []  # already current
+    assert catalog.retriever_for("docs").index.version == second.version
+    assert loads == ["docs"]  # only the first query waited for an opening
+    with store.writer():
+        store.delete("docs")
+    assert catalog.refresh() == [] and catalog.served_versions() == {}
+
+
+def test_the_sentence_catalog_refresh_loads_the_current_version(ingestor, jobs, store):
+    first = run(ingestor, jobs, JobInput(records=FACTS))
+    sentences = SentenceStoreCatalog(store)
+    sentences.store_for("docs", first.version)
+    second = run(ingestor, jobs, JobInput(records=({"id": "new", "text": "New text."},)))
+
+    assert sentences.refresh() == ["docs"]
+    assert sentences.refresh() == []
+    assert len(sentences.store_for("docs", second.version)) == 3
