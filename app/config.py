@@ -672,6 +672,13 @@ class CollectionsConfig(StrictModel):
         description="Torch device of the writer's embedder (the retriever's model): 'cpu' "
         "unless the writer is given a GPU share in `deployment`.",
     )
+    job_cpu_share: float = Field(
+        0.5,
+        gt=0,
+        le=1,
+        description="Fraction of one CPU a job may use while it embeds: it pauses after each "
+        "block of chunks, so continuous ingestion leaves the rest to queries (1: no pause).",
+    )
     job_niceness: int = Field(
         10,
         ge=0,

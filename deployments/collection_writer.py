@@ -63,6 +63,7 @@ class CollectionWriterDeployment:
             keep_versions=settings.keep_versions,
             version_grace_s=settings.version_grace_s,
             lock_timeout_s=settings.writer_lock_timeout_s,
+            cpu_share=settings.job_cpu_share,
         )
         self._default_path = resolve_path(config.retriever.index_path)
         self._default = _describe_index(self._default_path)

@@ -60,8 +60,9 @@ from retrieval.lexical import LexicalIndex
 logger = logging.getLogger(__name__)
 
 DOCUMENTS_FILE = "documents.jsonl"
-# Upserted documents are embedded in blocks of about this many chunks, so progress moves.
-EMBED_BLOCK_CHUNKS = 512
+# Upserted documents are embedded in blocks of about this many chunks (well under a second
+# here), so progress moves and a throttled job (retrieval.ingestion) pauses often.
+EMBED_BLOCK_CHUNKS = 32
 BUILT_AT_FORMAT = "%Y-%m-%dT%H:%M:%SZ"
 AUTO_INDEX = IndexParams(kind="auto")
 

@@ -158,7 +158,13 @@ class Ingestor:
         keep_versions: int = 3,
         version_grace_s: float = 300.0,
         lock_timeout_s: float = 60.0,
+        cpu_share: float = 1.0,
     ) -> None:
+        """`cpu_share` (0-1] bounds the job's use of its CPU: after each block of embedding
+        it pauses for as long as (1 - share) / share times the block took, so ingestion
+        leaves the rest to queries (1.0: no pause)."""
+        if not 0 < cpu_share <= 1:
+            raise ValueError("cpu_share must be in (0, 1]")
         self.store = store
         self._embedder = embedder
         self._embedding_model = embedding_model
@@ -167,6 +173,7 @@ class Ingestor:
         self._keep_versions = keep_versions
         self._version_grace_s = version_grace_s
         self._lock_timeout_s = lock_timeout_s
+        self._cpu_share = cpu_share
 
     def run(self, job: JobRecord, work: JobInput, on_progress=lambda job: None) -> None:
         """Run `job` to the end: `job` holds the outcome (never raises for bad input or a
@@ -179,9 +186,16 @@ class Ingestor:
                 raise DocumentError("no document could be read")
             changes = DocumentChanges(upserts=tuple(documents), deletes=work.deletes)
 
+            last = time.perf_counter()
+
             def progress(done: int, total: int) -> None:
+                nonlocal last
                 job.progress = round(0.05 + 0.9 * done / max(total, 1), 3)
                 on_progress(job)
+                if self._cpu_share < 1 and 0 < done < total:
+                    worked_s = time.perf_counter() - last
+                    time.sleep(worked_s * (1 - self._cpu_share) / self._cpu_share)
+                last = time.perf_counter()
 
             self._publish(job, changes, progress)
             job.status = "succeeded"

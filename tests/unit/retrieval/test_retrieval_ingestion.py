@@ -293,3 +293,18 @@ def test_the_sentence_catalog_refresh_loads_the_current_version(ingestor, jobs, 
     assert sentences.refresh() == ["docs"]
     assert sentences.refresh() == []
     assert len(sentences.store_for("docs", second.version)) == 3
+
+
+def test_a_throttled_job_pauses_in_proportion_to_its_work(store, jobs, monkeypatch):
+    pauses = []
+    monkeypatch.setattr(ingestion.time, "sleep", pauses.append)
+    ingestor = Ingestor(store, HashEmbedder(), MODEL, ChunkingParams(32, 4), cpu_share=0.25)
+    records = tuple({"id": f"d{n}", "text": f"Document {n} says hello."} for n in range(70))
+
+    job = run(ingestor, jobs, JobInput(records=records))
+
+    assert job.status == "succeeded"
+    assert len(pauses) == 2  # 70 one-chunk documents: blocks of 32, 32, 6; none after the last
+    assert all(pause > 0 for pause in pauses)
+    with pytest.raises(ValueError, match="cpu_share"):
+        Ingestor(store, HashEmbedder(), MODEL, ChunkingParams(32, 4), cpu_share=0)
