@@ -153,6 +153,7 @@ bench: setup models-qwen
 	$(BIN)/python -m bench.batching --out bench-results/batching
 	$(BIN)/python -m bench.overhead --out bench-results/overhead
 	$(BIN)/python -m bench.engines --out bench-results/engines
+	$(BIN)/python -m bench.ingestion --out bench-results/ingestion
 	$(BIN)/python -m bench.scale --out bench-results/scale
 	$(BIN)/python -m bench.suite --plan spec --out bench-results/spec
 
