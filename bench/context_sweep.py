@@ -1,7 +1,8 @@
 """Context-length sweep: TTFT of never / always / auto compression at 512 to 4k context tokens.
 
     python -m bench.context_sweep --lengths 512 1024 2048 4096 --repeats 2 \\
-        --method llmlingua --out bench-results/context [--set generator.model_source=...]
+        --method llmlingua --out bench-results/context [--paired] \\
+        [--set generator.model_source=...]
 
 Long contexts are made by retrieving as many SQuAD dev chunks as it takes (top_k is chosen
 per question, offline, from the same index and embedder the service uses), so every request
@@ -21,6 +22,14 @@ The report says, per length, whether `auto` was within the run's noise of the fa
 by the ingress to first token), read from non-streaming responses; bench.latency measures it
 on the client.
 
+With --paired, the measure phase asks each question under all three policies instead (the
+order rotating from one question to the next) and runs with the prefix cache off, so that
+no request can reuse the KV of the same question's other requests (the system prompt is then
+prefilled on every request, alike on all three sides; `auto`'s cost model still assumes it
+cached). The report then adds `auto` against the per-question oracle, the faster of `never`
+and `always` on that same question: which side auto picked per request, how often that was
+the faster one, and auto's TTFT over the oracle's, with 95% bootstrap intervals.
+
 Needs `python -m bench.quality prepare` (SQuAD dev and its index). Writes OUT/context.json
 (every request), OUT/context.md and OUT/ttft_vs_context.png.
 """
@@ -38,6 +47,9 @@ from typing import Any
 import httpx
 import numpy as np
 
+from bench import bootstrap
+from bench.bootstrap import Interval
+from bench.intervals import fmt_ratio, one_sample, paired_ratio
 from bench.service import ROOT, free_port, running_service
 from bench.squad import DEFAULT_CACHE_DIR, SQUAD_DEV_FILENAME, load_squad, sample_questions
 from bench.stats import median
@@ -110,26 +122,32 @@ def plan_requests(
     repeats: int,
     phase: str,
     top_k_of: Callable[[str, int], int],
+    paired: bool = False,
 ) -> list[SweepRequest]:
     """One request per (repeat, length, policy), each on the next unused question.
 
-    Policies alternate within a length so that drift over the run hits them alike.
-    Raises ValueError when there are too few questions.
+    Policies alternate within a length so that drift over the run hits them alike. Paired,
+    one question per (repeat, length) is asked under every policy, the policies' order
+    rotating by one from each question to the next. Raises ValueError when there are too
+    few questions.
     """
-    needed = repeats * len(lengths) * len(policies)
+    needed = repeats * len(lengths) * (1 if paired else len(policies))
     if len(questions) < needed:
         raise ValueError(f"{needed} distinct questions needed, {len(questions)} given")
     unused = iter(questions)
     requests = []
     for repeat in range(repeats):
-        for length in lengths:
-            for policy in policies:
+        for position, length in enumerate(lengths):
+            if paired:
                 question = next(unused)
-                requests.append(
-                    SweepRequest(
-                        question, length, policy, top_k_of(question, length), phase, repeat
-                    )
-                )
+                shift = (repeat * len(lengths) + position) % len(policies)
+                asked = [(question, p) for p in [*policies[shift:], *policies[:shift]]]
+            else:
+                asked = [(next(unused), p) for p in policies]
+            requests += [
+                SweepRequest(question, length, policy, top_k_of(question, length), phase, repeat)
+                for question, policy in asked
+            ]
     return requests
 
 
@@ -290,6 +308,153 @@ def auto_verdicts(cells: Sequence[Cell], noise: float = NOISE_FRACTION) -> dict[
     return verdicts
 
 
+# --- auto against the per-question oracle (--paired) ------------------------------------------
+
+
+@dataclass(frozen=True)
+class OracleRow:
+    """One measured question's TTFT under each policy, and which side `auto` took."""
+
+    length: int
+    question: str
+    never_ms: float
+    always_ms: float
+    auto_ms: float
+    auto_compressed: bool
+
+    @property
+    def faster(self) -> str:
+        """The faster fixed policy on this question (`never` on a tie)."""
+        return "always" if self.always_ms < self.never_ms else "never"
+
+    @property
+    def auto_choice(self) -> str:
+        return "always" if self.auto_compressed else "never"
+
+    @property
+    def right(self) -> bool:
+        return self.auto_choice == self.faster
+
+    @property
+    def oracle_ms(self) -> float:
+        return min(self.never_ms, self.always_ms)
+
+
+def oracle_rows(records: Sequence[SweepRecord]) -> list[OracleRow]:
+    """The measured questions asked under all three policies (successfully), in plan order."""
+    runs: dict[tuple[int, str], dict[str, SweepRecord]] = {}
+    for r in records:
+        if r.ok and r.request.phase == "measure" and r.ttft_ms is not None:
+            runs.setdefault((r.request.length, r.request.question), {})[r.request.policy] = r
+    return [
+        OracleRow(
+            length,
+            question,
+            float(by["never"].ttft_ms),  # type: ignore[arg-type]
+            float(by["always"].ttft_ms),  # type: ignore[arg-type]
+            float(by["auto"].ttft_ms),  # type: ignore[arg-type]
+            by["auto"].method_applied not in (None, "none"),
+        )
+        for (length, question), by in runs.items()
+        if all(policy in by for policy in POLICIES)
+    ]
+
+
+def wilson_interval(successes: int, n: int, z: float = 1.96) -> tuple[float, float]:
+    """The Wilson score 95% interval of a proportion: unlike the bootstrap, not [1, 1] when
+    every trial succeeded."""
+    if n <= 0:
+        raise ValueError("a proportion needs at least one trial")
+    share = successes / n
+    centre = (share + z * z / (2 * n)) / (1 + z * z / n)
+    half = z / (1 + z * z / n) * (share * (1 - share) / n + z * z / (4 * n * n)) ** 0.5
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+@dataclass(frozen=True)
+class OracleSummary:
+    """auto against the oracle over the questions of one length (length None: all of them).
+
+    right_share: the 0/1 right picks' mean with its bootstrap interval (None below 2
+    questions); always_over_never and auto_over_oracle: median per-question TTFT ratios with
+    bootstrap intervals (bench.intervals.paired_ratio); total_ratio: auto's summed TTFT over
+    the oracle's."""
+
+    length: int | None
+    questions: int
+    always_faster: int
+    auto_compressed: int
+    right: int
+    right_share: Interval | None
+    right_wilson: tuple[float, float]
+    always_over_never: Interval | None
+    auto_over_oracle: Interval | None
+    total_ratio: float
+
+
+def summarize_oracle(rows: Sequence[OracleRow]) -> list[OracleSummary]:
+    """One summary per length, then one over every question (when there is more than one
+    length)."""
+    lengths = sorted({r.length for r in rows})
+    groups: list[tuple[int | None, list[OracleRow]]] = [
+        (length, [r for r in rows if r.length == length]) for length in lengths
+    ]
+    if len(lengths) > 1:
+        groups.append((None, list(rows)))
+    summaries = []
+    for length, group in groups:
+        right = sum(r.right for r in group)
+        summaries.append(
+            OracleSummary(
+                length,
+                len(group),
+                sum(r.faster == "always" for r in group),
+                sum(r.auto_compressed for r in group),
+                right,
+                one_sample([float(r.right) for r in group], stat=bootstrap.mean),
+                wilson_interval(right, len(group)),
+                paired_ratio((r.always_ms, r.never_ms) for r in group),
+                paired_ratio((r.auto_ms, r.oracle_ms) for r in group),
+                sum(r.auto_ms for r in group) / sum(r.oracle_ms for r in group),
+            )
+        )
+    return summaries
+
+
+def render_oracle(rows: Sequence[OracleRow], summaries: Sequence[OracleSummary]) -> str:
+    lines = [
+        "auto against the per-question oracle (the faster of never and always on the same "
+        "question):",
+        "",
+        "| target length | question | never ms | always ms | faster | auto took | right | "
+        "auto ms | auto / oracle |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r.length:,} | {r.question} | {_fmt(r.never_ms)} | {_fmt(r.always_ms)} | "
+            f"{r.faster} | {r.auto_choice} | {'yes' if r.right else 'NO'} | {_fmt(r.auto_ms)} | "
+            f"{r.auto_ms / r.oracle_ms:.2f}x |"
+        )
+    lines += [
+        "",
+        "| target length | n | always faster | auto compressed | right picks [bootstrap; "
+        "Wilson] | always / never | auto / oracle (median per question) | auto / oracle "
+        "(total) |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for s in summaries:
+        share = "n = 1: no interval" if s.right_share is None else s.right_share.text()
+        lines.append(
+            f"| {'all' if s.length is None else f'{s.length:,}'} | {s.questions} | "
+            f"{s.always_faster}/{s.questions} | {s.auto_compressed}/{s.questions} | "
+            f"{s.right}/{s.questions}: {share}; [{s.right_wilson[0]:.2f}, "
+            f"{s.right_wilson[1]:.2f}] | {fmt_ratio(s.always_over_never, s.questions)} | "
+            f"{fmt_ratio(s.auto_over_oracle, s.questions)} | {s.total_ratio:.2f}x |"
+        )
+    return "\n".join(lines) + "\n"
+
+
 def render_markdown(cells: Sequence[Cell], verdicts: dict[int, str], fitted: dict) -> str:
     lines = [
         "| target length | policy | n | context tokens before → after | compressed | "
@@ -383,6 +548,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--base-config", type=Path, default=ROOT / "serve_config.yaml")
     parser.add_argument("--out", type=Path, default=Path("bench-results/context"))
     parser.add_argument(
+        "--paired",
+        action="store_true",
+        help="measure each question under all three policies, prefix cache off, and report "
+        "auto against the per-question oracle",
+    )
+    parser.add_argument(
         "--replot", action="store_true", help="only redraw OUT's plot from OUT/context.json"
     )
     args = parser.parse_args(argv)
@@ -412,7 +583,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         questions[: 2 * len(lengths)], lengths, ("never", "always"), 1, "calibrate", planner
     )
     measured = plan_requests(
-        questions[2 * len(lengths) :], lengths, POLICIES, args.repeats, "measure", planner
+        questions[2 * len(lengths) :],
+        lengths,
+        POLICIES,
+        args.repeats,
+        "measure",
+        planner,
+        paired=args.paired,
     )
     args.out.mkdir(parents=True, exist_ok=True)
 
@@ -426,10 +603,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     (args.out / "cost_model.json").write_text(json.dumps(fitted, indent=2) + "\n")
     logger.info("fitted cost model: %s", fitted)
 
-    records += _run_service(args, overrides | fitted, "measure", measured)
+    # Paired, a question's three requests must not reuse each other's KV.
+    no_cache = {"generator.engine_kwargs.enable_prefix_caching": False} if args.paired else {}
+    records += _run_service(args, overrides | fitted | no_cache, "measure", measured)
     cells = summarize([r for r in records if r.request.phase == "measure"])
     verdicts = auto_verdicts(cells)
     table = render_markdown(cells, verdicts, fitted)
+    rows = oracle_rows(records)
+    summaries = summarize_oracle(rows)
+    if rows:
+        table += "\n" + render_oracle(rows, summaries)
     (args.out / "context.md").write_text(table)
     (args.out / "context.json").write_text(
         json.dumps(
@@ -439,6 +622,19 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "records": [asdict(r) for r in records],
                 "cells": [asdict(c) for c in cells],
                 "verdicts": verdicts,
+                "oracle": {
+                    "rows": [
+                        asdict(r)
+                        | {
+                            "faster": r.faster,
+                            "auto_choice": r.auto_choice,
+                            "right": r.right,
+                            "oracle_ms": r.oracle_ms,
+                        }
+                        for r in rows
+                    ],
+                    "summaries": [asdict(s) for s in summaries],
+                },
             },
             indent=2,
             default=str,

@@ -6,17 +6,22 @@ import pytest
 
 from bench.context_sweep import (
     Cell,
+    OracleRow,
     SweepRecord,
     SweepRequest,
     auto_verdicts,
     cost_model_overrides,
     fit_compressor,
     fit_prefill,
+    oracle_rows,
     plan_requests,
     record_from_response,
+    render_oracle,
     request_body,
     summarize,
+    summarize_oracle,
     top_k_for_length,
+    wilson_interval,
 )
 from retrieval.cost_model import CompressionCostModel, CompressorCost, PrefillCost
 
@@ -43,6 +48,22 @@ def test_every_request_gets_its_own_question_and_policies_alternate():
 def test_too_few_questions_is_an_error():
     with pytest.raises(ValueError, match="12 distinct questions needed"):
         plan_requests(["q"] * 5, [512, 1024], ("never", "always", "auto"), 2, "m", _k)
+
+
+def test_paired_plans_ask_each_question_under_every_policy_in_rotating_order():
+    questions = [f"q{i}" for i in range(4)]
+    policies = ("never", "always", "auto")
+    requests = plan_requests(questions, [512, 1024], policies, 2, "m", _k, paired=True)
+
+    assert len(requests) == 12
+    by_question = {q: [r for r in requests if r.question == q] for q in questions}
+    assert all(sorted(r.policy for r in rs) == sorted(policies) for rs in by_question.values())
+    assert all(len({(r.length, r.top_k, r.repeat) for r in rs}) == 1 for rs in by_question.values())
+    firsts = [rs[0].policy for rs in by_question.values()]
+    assert firsts == ["never", "always", "auto", "never"]
+    assert [r.policy for r in by_question["q1"]] == ["always", "auto", "never"]
+    with pytest.raises(ValueError, match="4 distinct questions needed"):
+        plan_requests(questions[:3], [512, 1024], policies, 2, "m", _k, paired=True)
 
 
 def test_request_bodies_per_policy():
@@ -159,6 +180,76 @@ def test_no_verdict_without_all_three_policies():
     assert auto_verdicts(cells) == {}
 
 
+def test_oracle_rows_pair_a_questions_three_requests_and_judge_autos_pick():
+    records = [
+        _timed("never", 512, 3000.0, "none", "a"),
+        _timed("always", 512, 2000.0, "sentences", "a"),
+        _timed("auto", 512, 2100.0, "sentences", "a"),
+        _timed("auto", 512, 5000.0, "none", "b"),
+        _timed("never", 512, 4000.0, "none", "b"),
+        _timed("always", 512, 4500.0, "sentences", "b"),
+        # Incomplete or failed: left out.
+        _timed("never", 512, 1.0, "none", "c"),
+        _timed("always", 512, 1.0, "sentences", "c"),
+        SweepRecord(SweepRequest("c", 512, "auto", 7, "measure"), ok=False, error="500"),
+        _timed("never", 512, 1.0, "none", "d", phase="calibrate"),
+        _timed("always", 512, 1.0, "sentences", "d", phase="calibrate"),
+        _timed("auto", 512, 1.0, "sentences", "d", phase="calibrate"),
+    ]
+    rows = oracle_rows(records)
+
+    assert [r.question for r in rows] == ["a", "b"]
+    first, second = rows
+    assert (first.faster, first.auto_choice, first.right) == ("always", "always", True)
+    assert first.oracle_ms == 2000.0
+    assert (second.faster, second.auto_choice, second.right) == ("never", "never", True)
+    assert second.oracle_ms == 4000.0
+    assert OracleRow(512, "e", 3000.0, 2000.0, 3000.0, False).right is False
+    assert OracleRow(512, "f", 3000.0, 3000.0, 3000.0, False).faster == "never"
+
+
+def test_oracle_summary_per_length_and_overall():
+    rows = [
+        OracleRow(512, "a", 3000.0, 2000.0, 2200.0, True),
+        OracleRow(512, "b", 3300.0, 2100.0, 2100.0, True),
+        OracleRow(512, "c", 2900.0, 3100.0, 3100.0, True),
+        OracleRow(4096, "d", 50000.0, 20000.0, 21000.0, True),
+    ]
+    by_length = {s.length: s for s in summarize_oracle(rows)}
+
+    short = by_length[512]
+    assert (short.questions, short.always_faster, short.auto_compressed, short.right) == (
+        3,
+        2,
+        3,
+        2,
+    )
+    assert short.right_share is not None
+    assert short.right_share.estimate == pytest.approx(2 / 3)
+    assert short.always_over_never is not None and short.always_over_never.n == 3
+    assert short.auto_over_oracle is not None
+    assert short.auto_over_oracle.estimate == pytest.approx(1.0689655, rel=1e-6)  # 3100 / 2900
+    assert short.total_ratio == pytest.approx((2200 + 2100 + 3100) / (2000 + 2100 + 2900))
+    single = by_length[4096]
+    assert single.right_share is None and single.auto_over_oracle is None
+    assert by_length[None].questions == 4 and by_length[None].right == 3
+    assert len(summarize_oracle(rows[:3])) == 1  # no overall row for one length
+    text = render_oracle(rows, summarize_oracle(rows))
+    assert "| 512 | c | 2,900 | 3,100 | never | always | NO | 3,100 | 1.07x |" in text
+    assert "| 4,096 | 1 | 1/1 | 1/1 | 1/1: n = 1: no interval; [" in text
+    assert "| all | 4 |" in text
+
+
+def test_wilson_interval_is_not_degenerate_when_every_pick_is_right():
+    low, high = wilson_interval(16, 16)
+    assert low == pytest.approx(0.806, abs=1e-3)
+    assert high == 1.0
+    low, high = wilson_interval(5, 10)
+    assert low == pytest.approx(0.2366, abs=1e-3) and high == pytest.approx(0.7634, abs=1e-3)
+    with pytest.raises(ValueError):
+        wilson_interval(0, 0)
+
+
 def _k(question: str, length: int) -> int:
     return length // 100
 
@@ -191,9 +282,16 @@ def _compressed(tokens: int, chunks: int, compress_ms: float) -> SweepRecord:
     )
 
 
-def _timed(policy: str, length: int, ttft_ms: float, applied: str) -> SweepRecord:
+def _timed(
+    policy: str,
+    length: int,
+    ttft_ms: float,
+    applied: str,
+    question: str = "Q?",
+    phase: str = "measure",
+) -> SweepRecord:
     return SweepRecord(
-        _request(policy, length),
+        SweepRequest(question, length, policy, 7, phase),
         ok=True,
         ttft_ms=ttft_ms,
         compress_ms=0.0,
