@@ -969,23 +969,21 @@ async def wait_for_every_stage(client: httpx.AsyncClient, timeout_s: float = 300
 
 
 async def calibrate(
-    client: httpx.AsyncClient, clock: Clock, args: argparse.Namespace, collection: str
+    client: httpx.AsyncClient,
+    clock: Clock,
+    args: argparse.Namespace,
+    collection: str,
+    questions: Iterator[str],
 ) -> tuple[dict[str, Any], list[QueryRecord]]:
-    """Single-query E2E (one at a time) and the closed-loop throughput at concurrency 4
-    (the questions the load will ask)."""
-    rng = random.Random(args.seed + 3)
+    """Single-query E2E (one at a time) and the closed-loop throughput at concurrency 4,
+    on questions of the kind the load will ask (`questions`: distinct questions cost more
+    than repeated ones, whose whole prompts the prefix cache holds)."""
     options = {"collection": collection, "max_tokens": args.max_tokens, "hung_s": args.hung_s}
-    warm = [QueryRecord("warm-up", i, q) for i, q in enumerate(DEFAULT_QUESTIONS[:3])]
+    warm = [QueryRecord("warm-up", i, next(questions)) for i in range(3)]
     await ask_all(client, warm, clock, 1, **options)
-    single = [
-        QueryRecord("single", i, q)
-        for i, q in enumerate(rng.choices(DEFAULT_QUESTIONS, k=args.calibrate_queries))
-    ]
+    single = [QueryRecord("single", i, next(questions)) for i in range(args.calibrate_queries)]
     await ask_all(client, single, clock, 1, **options)
-    loop = [
-        QueryRecord("capacity", i, q)
-        for i, q in enumerate(rng.choices(DEFAULT_QUESTIONS, k=args.capacity_queries))
-    ]
+    loop = [QueryRecord("capacity", i, next(questions)) for i in range(args.capacity_queries)]
     started = time.perf_counter()
     await ask_all(client, loop, clock, args.calibrate_concurrency, **options)
     elapsed = time.perf_counter() - started
@@ -1032,7 +1030,13 @@ async def run_parts(
         print(f"collection {collection}: {len(corpus)} corpus documents", flush=True)
         timings["setup_s"] = clock.now_s()
 
-        calibration, calibration_records = await calibrate(client, clock, args, collection)
+        calibration, calibration_records = await calibrate(
+            client,
+            clock,
+            args,
+            collection,
+            load_questions(args.load_questions, corpus, args.seed + 3),
+        )
         rate = args.rate or choose_rate(calibration["capacity_per_s"], args.rate_fraction)
         print(
             f"calibration: {calibration['single_e2e_ms']['median']:.0f} ms single, "
@@ -1400,7 +1404,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "git": git_state(),
         "cpu_count": os.cpu_count(),
         "load_average_start": list(os.getloadavg()),
-        "base": str(Path(args.base).relative_to(ROOT) if args.base.is_absolute() else args.base),
+        "base": str(args.base.relative_to(ROOT) if args.base.is_relative_to(ROOT) else args.base),
         "model": app_config.generator.model_id,
         "collection": COLLECTION,
         "corpus": str(args.corpus.relative_to(ROOT) if args.corpus.is_absolute() else args.corpus),
