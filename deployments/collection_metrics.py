@@ -70,25 +70,29 @@ class IngestionMetrics:
 
 
 class VersionLoadMetrics:
-    """A retriever replica opening a collection's newly published version on the query path
-    (retrieval.catalog.RetrieverCatalog's `on_load`); created inside the replica."""
+    """A retriever replica opening a collection's newly published version
+    (retrieval.catalog.RetrieverCatalog's `on_load`), on the query path (a query waited) or
+    in the background; created inside the replica."""
 
     def __init__(self) -> None:
         from ray.serve import metrics
 
         self._loads = metrics.Counter(
             "rag_collection_version_loads",
-            description="Collection versions a retriever replica opened for a query.",
+            description="Collection versions a retriever replica opened, by path (query: a "
+            "query waited for it; background: opened before any query asked).",
+            tag_keys=("path",),
         )
         self._load_ms = metrics.Histogram(
             "rag_collection_version_load_ms",
-            description="Time a retriever replica took to open a collection's new version "
-            "(the first query after a publish waits for it).",
+            description="Time a retriever replica took to open a collection's new version, "
+            "by path (query, background).",
             boundaries=_LOAD_BOUNDARIES_MS,
+            tag_keys=("path",),
         )
 
-    def observe_load(self, collection: str, ms: float) -> None:
+    def observe_load(self, collection: str, ms: float, path: str = "query") -> None:
         """`collection` is not a label (unbounded): the catalog's log names it."""
         del collection
-        self._loads.inc()
-        self._load_ms.observe(ms)
+        self._loads.inc(tags={"path": path})
+        self._load_ms.observe(ms, tags={"path": path})

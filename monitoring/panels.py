@@ -430,15 +430,16 @@ COLLECTIONS = RowSpec(
         ),
         PanelSpec(
             504,
-            "Version load time on the query path",
+            "Version load time",
             "Time a retriever replica took to open a collection's newly published version, "
-            "p95: the first query to it after a publish waits that long.",
+            "p95 by path: background (opened before any query asked) or query (a query "
+            "waited that long).",
             "ms",
             (
                 Line(
-                    f"histogram_quantile(0.95, sum by (le) ("
+                    f"histogram_quantile(0.95, sum by (le, path) ("
                     f"{_rate('ray_rag_collection_version_load_ms_bucket')}))",
-                    "p95 load",
+                    "p95 {{path}}",
                 ),
             ),
         ),

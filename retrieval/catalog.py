@@ -44,13 +44,13 @@ class RetrieverCatalog:
         default: Retriever,
         store: CollectionStore | None,
         open_version: Callable[[Path, str], Retriever],
-        on_load: Callable[[str, float], None] | None = None,
+        on_load: Callable[[str, float, str], None] | None = None,
     ) -> None:
         """`default` serves DEFAULT_COLLECTION; `store` holds the others (None: collections
         are off); `open_version(folder, collection)` opens one version's index;
-        `on_load(collection, ms)` is told how long each opening on the query path took
-        (the query that found the new version waited that long; `refresh` opens versions
-        off it)."""
+        `on_load(collection, ms, path)` is told how long each opening took, and where:
+        "query" (the query that found the new version waited that long) or "background"
+        (`refresh`)."""
         self._default = default
         self._store = store
         self._open_version = open_version
@@ -80,8 +80,9 @@ class RetrieverCatalog:
             raise CollectionEmpty(f"collection {collection!r} has no documents yet")
         loaded = self._loaded.get(collection)
         if loaded is None or loaded.version != published.version:
-            loaded = self._load(collection, published.version, published.path)
-        if loaded.retriever.num_chunks == 0:
+            # The version current now: the one read above, or one published since.
+            loaded = self._open_current(collection, "query")
+        if loaded is None or loaded.retriever.num_chunks == 0:
             raise CollectionEmpty(f"collection {collection!r} has no documents")
         return loaded.retriever
 
@@ -95,41 +96,45 @@ class RetrieverCatalog:
         arriving meanwhile waits for the same opening, never for a second one). Collections
         that are gone are forgotten. The collections refreshed, in order."""
         refreshed = []
-        for collection in list(self._loaded):
+        for collection, loaded in list(self._loaded.items()):
             try:
                 published = self._store.current(collection) if self._store else None
+                if published is None or published.version == loaded.version:
+                    continue
+                self._open_current(collection, "background")
             except CollectionNotFound:
                 self._loaded.pop(collection, None)
                 continue
-            loaded = self._loaded.get(collection)
-            if published is None or (loaded is not None and loaded.version == published.version):
-                continue
-            self._load(collection, published.version, published.path, on_query_path=False)
             refreshed.append(collection)
         return refreshed
 
-    def _load(
-        self, collection: str, version: str, folder: Path, on_query_path: bool = True
-    ) -> _Loaded:
-        # One load at a time: queries that arrive meanwhile wait for it rather than each
-        # opening the same folder.
+    def _open_current(self, collection: str, path: str) -> _Loaded | None:
+        """Open the version CURRENT names now, unless it is the one already open. CURRENT is
+        read again under the lock, so an opening never replaces a version with an older one
+        (a refresh that read CURRENT just before a publish, a query that waited)."""
+        if self._store is None:
+            raise CollectionNotFound(f"collection {collection!r} does not exist")
         with self._loading:
+            published = self._store.current(collection)
+            if published is None:
+                return None
             loaded = self._loaded.get(collection)
-            if loaded is not None and loaded.version == version:
+            if loaded is not None and loaded.version == published.version:
                 return loaded
             started = time.perf_counter()
-            loaded = _Loaded(version, self._open_version(folder, collection))
+            loaded = _Loaded(published.version, self._open_version(published.path, collection))
             load_ms = (time.perf_counter() - started) * 1000
             self._loaded[collection] = loaded
         logger.info(
-            "collection %s: now serving version %s (opened in %.0f ms)",
+            "collection %s: now serving version %s (opened in %.0f ms, %s)",
             collection,
-            version,
+            published.version,
             load_ms,
+            path,
         )
-        if self._on_load is not None and on_query_path:
+        if self._on_load is not None:
             try:
-                self._on_load(collection, load_ms)
+                self._on_load(collection, load_ms, path)
             except Exception:  # a metric must not fail the query that loaded the version
                 logger.exception("on_load failed for collection %s", collection)
         return loaded

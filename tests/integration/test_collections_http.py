@@ -306,27 +306,34 @@ def test_updates_while_queries_run_fail_none_and_each_query_reads_one_version(cl
                 response = http.post("/v1/rag/query", json=body)
                 answers.append((started, response.status_code, response.json()))
 
+    def answered_since(count: int, more: int = 3, timeout_s: float = 60) -> None:
+        """Let `more` answers arrive after the first `count`, so queries straddle each job."""
+        deadline = time.monotonic() + timeout_s
+        while len(answers) < count + more and time.monotonic() < deadline:
+            time.sleep(0.1)
+
     askers = [threading.Thread(target=keep_asking, args=(seed,)) for seed in (1, 2)]
     for asker in askers:
         asker.start()
     try:
         held = {d["id"] for d in FILLER}
         for n in range(4):
+            answered_since(len(answers))
             item = {"id": f"item-{n}", "text": f"Item {n} of the catalogue is a brass compass."}
             job = add(client, "live", [item])
             held = held | {item["id"]}
             contents[job["version"]], succeeded_at[job["version"]] = set(held), time.monotonic()
-            time.sleep(0.5)
+        answered_since(len(answers))
         job = delete_document(client, "live", "item-0")
         held = held - {"item-0"}
         contents[job["version"]], succeeded_at[job["version"]] = set(held), time.monotonic()
-        time.sleep(1.0)
+        answered_since(len(answers))
     finally:
         stop.set()
         for asker in askers:
             asker.join(timeout=120)
 
-    assert len(answers) >= 10
+    assert len(answers) >= 15
     assert [status for _, status, _ in answers if status != 200] == []
     order = list(succeeded_at)  # versions in publish order
     for started, _, answer in answers:

@@ -196,7 +196,7 @@ REQUIRED = [
     "Ingestion jobs by status",
     "Ingestion job duration",
     "Documents ingested by outcome",
-    "Version load time on the query path",
+    "Version load time",
 ]
 
 

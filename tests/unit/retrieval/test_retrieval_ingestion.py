@@ -210,7 +210,7 @@ def test_the_catalog_reports_each_version_it_opens(ingestor, jobs, store, defaul
         default_retriever,
         store,
         default_retriever.open_version,
-        on_load=lambda collection, ms: loads.append((collection, ms)),
+        on_load=lambda collection, ms, path: loads.append((collection, ms)),
     )
     run(ingestor, jobs, JobInput(records=FACTS))
     catalog.retriever_for("docs")
@@ -226,7 +226,7 @@ def test_the_catalog_reports_each_version_it_opens(ingestor, jobs, store, defaul
 
 
 def test_a_failing_load_hook_does_not_fail_the_query(ingestor, jobs, store, default_retriever):
-    def broken(collection: str, ms: float) -> None:
+    def broken(collection: str, ms: float, path: str) -> None:
         raise RuntimeError("metrics down")
 
     catalog = RetrieverCatalog(
@@ -267,7 +267,7 @@ def test_refresh_opens_a_new_version_before_any_query_asks(
     loads = []
     opener = default_retriever.open_version
     catalog = RetrieverCatalog(
-        default_retriever, store, opener, on_load=lambda c, ms: loads.append(c)
+        default_retriever, store, opener, on_load=lambda c, ms, path: loads.append(path)
     )
     run(ingestor, jobs, JobInput(records=FACTS))
     assert catalog.refresh() == []  # nothing served yet: nothing to watch
@@ -278,7 +278,7 @@ def test_refresh_opens_a_new_version_before_any_query_asks(
     assert catalog.served_versions() == {"docs": second.version}
     assert catalog.refresh() == []  # already current
     assert catalog.retriever_for("docs").index.version == second.version
-    assert loads == ["docs"]  # only the first query waited for an opening
+    assert loads == ["query", "background"]  # only the first query waited for an opening
     with store.writer():
         store.delete("docs")
     assert catalog.refresh() == [] and catalog.served_versions() == {}
@@ -308,3 +308,38 @@ def test_a_throttled_job_pauses_in_proportion_to_its_work(store, jobs, monkeypat
     assert all(pause > 0 for pause in pauses)
     with pytest.raises(ValueError, match="cpu_share"):
         Ingestor(store, HashEmbedder(), MODEL, ChunkingParams(32, 4), cpu_share=0)
+
+
+def test_an_opening_never_replaces_a_version_with_an_older_one(
+    ingestor, jobs, store, default_retriever
+):
+    """A refresh that read CURRENT just before a publish (and a query's opening since) opens
+    what CURRENT names when its turn comes, not the older version it read."""
+    loads = []
+    catalog = RetrieverCatalog(
+        default_retriever,
+        store,
+        default_retriever.open_version,
+        on_load=lambda collection, ms, path: loads.append(path),
+    )
+    run(ingestor, jobs, JobInput(records=FACTS))
+    catalog.retriever_for("docs")
+    run(ingestor, jobs, JobInput(records=({"id": "two", "text": "Second."},)))
+    stale = store.current("docs")
+    newest = run(ingestor, jobs, JobInput(records=({"id": "three", "text": "Third."},)))
+    catalog.retriever_for("docs")  # a query opens the newest
+    real_current = store.current
+    reads = iter([stale])
+
+    def current(name):  # the refresh's first read happened before the newest publish
+        return next(reads, None) or real_current(name)
+
+    store.current = current
+    try:
+        catalog.refresh()
+    finally:
+        store.current = real_current
+
+    assert stale.version != newest.version
+    assert catalog.served_versions() == {"docs": newest.version}
+    assert loads == ["query", "query"]  # the stale read opened nothing
