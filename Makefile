@@ -145,6 +145,8 @@ bench: setup models-qwen
 	$(BIN)/python -m bench.suite --plan quick --out bench-results/quick
 	$(BIN)/python -m bench.llmlingua_speed --out bench-results/llmlingua-speed
 	$(BIN)/python -m bench.context_sweep --out bench-results/context-smollm2
+	$(BIN)/python -m bench.context_sweep --lengths 512 1024 2048 4096 --repeats 3 \
+		--method sentences --paired --out bench-results/context-sentences
 	$(BIN)/python -m bench.context_sweep --lengths 512 1024 2048 --repeats 1 \
 		--set generator.model_id=qwen2.5-coder-0.5b-instruct \
 		--set generator.model_source=.models/qwen2.5-coder-0.5b-instruct \
@@ -156,6 +158,7 @@ bench: setup models-qwen
 	$(BIN)/python -m bench.ingestion --out bench-results/ingestion
 	$(BIN)/python -m bench.scale --out bench-results/scale
 	$(BIN)/python -m bench.suite --plan spec --out bench-results/spec
+	$(BIN)/python -m bench.intervals --results docs/results --out bench-results/intervals
 
 # Quality lab, quick plan: SQuAD dev indexed once (about 4 minutes), 25 questions x 3 settings.
 eval-quick: setup
