@@ -77,6 +77,25 @@ def long_documents(count: int, seed: int = 0) -> list[dict]:
     ]
 
 
+def retried(send, timeout_s: float = 30) -> httpx.Response:
+    """`send()`, again after each 503 as its Retry-After asks: the ingress's view of the
+    writer's replicas is refreshed every 2 s, so just after a restart it may still call
+    the writer down."""
+    deadline = time.monotonic() + timeout_s
+    response = send()
+    while response.status_code == 503 and time.monotonic() < deadline:
+        time.sleep(float(response.headers.get("retry-after", 1)))
+        response = send()
+    return response
+
+
+def versions(client: httpx.Client) -> dict[str, str | None]:
+    """Collection name -> the version it serves, as GET /v1/collections lists them."""
+    response = retried(lambda: client.get("/v1/collections"))
+    assert response.status_code == 200, response.text
+    return {c["name"]: c["version"] for c in response.json()["data"]}
+
+
 def ask(client: httpx.Client) -> dict:
     body = {"question": "What is the vault code?", "collection": "crash", "max_tokens": 4}
     response = client.post("/v1/rag/query", json=body)
@@ -104,18 +123,17 @@ def test_a_writer_killed_mid_job_leaves_the_last_version_served(service, client,
     interrupted = wait_job(client, bulk["id"], {"succeeded", "failed"})
     assert interrupted["status"] == "failed"
     assert "restarted" in interrupted["errors"][-1]["message"]
-    listed = client.get("/v1/collections").json()["data"]
-    assert {c["name"]: c["version"] for c in listed}["crash"] == first["version"]
+    assert versions(client)["crash"] == first["version"]
 
     extra = {"documents": [{"id": "after", "text": "The Orlan bank opens at nine."}]}
-    after = wait_job(client, job_of(client, client.post(
-        "/v1/collections/crash/documents", json=extra))["id"], {"succeeded", "failed"})  # fmt: skip
+    added = retried(lambda: client.post("/v1/collections/crash/documents", json=extra))
+    after = wait_job(client, job_of(client, added)["id"], {"succeeded", "failed"})
     assert after["status"] == "succeeded", after
     assert ask(client)["index_version"] == after["version"]
 
 
 def test_a_restarted_retriever_serves_the_last_published_version(service, client):
-    published = {c["name"]: c["version"] for c in client.get("/v1/collections").json()["data"]}
+    published = versions(client)
     [retriever] = faults.replica_pids(service.pid, "Retriever")
 
     faults.kill(retriever)
