@@ -71,28 +71,29 @@ class IngestionMetrics:
 
 class VersionLoadMetrics:
     """A retriever replica opening a collection's newly published version
-    (retrieval.catalog.RetrieverCatalog's `on_load`), on the query path (a query waited) or
-    in the background; created inside the replica."""
+    (retrieval.catalog.RetrieverCatalog's `on_load`), whether a query waited for it or it
+    was opened in the background; created inside the replica.
+
+    One series, not one per path: a series a single opening creates shows no increase to
+    Prometheus's rate(), and most replicas open few versions. The catalog's log says which
+    path each opening took."""
 
     def __init__(self) -> None:
         from ray.serve import metrics
 
         self._loads = metrics.Counter(
             "rag_collection_version_loads",
-            description="Collection versions a retriever replica opened, by path (query: a "
-            "query waited for it; background: opened before any query asked).",
-            tag_keys=("path",),
+            description="Collection versions a retriever replica opened (on the query path or "
+            "in the background).",
         )
         self._load_ms = metrics.Histogram(
             "rag_collection_version_load_ms",
-            description="Time a retriever replica took to open a collection's new version, "
-            "by path (query, background).",
+            description="Time a retriever replica took to open a collection's new version.",
             boundaries=_LOAD_BOUNDARIES_MS,
-            tag_keys=("path",),
         )
 
     def observe_load(self, collection: str, ms: float, path: str = "query") -> None:
-        """`collection` is not a label (unbounded): the catalog's log names it."""
-        del collection
-        self._loads.inc(tags={"path": path})
-        self._load_ms.observe(ms, tags={"path": path})
+        """Neither `collection` (unbounded) nor `path` is a label: see the class."""
+        del collection, path
+        self._loads.inc()
+        self._load_ms.observe(ms)

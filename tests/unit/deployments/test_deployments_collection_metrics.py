@@ -137,14 +137,8 @@ def test_version_loads_are_counted_and_timed_without_the_collection():
     metrics.observe_load("notes", 42.0)
     metrics.observe_load("other", 7.0, "background")
 
-    assert registry["rag_collection_version_loads"].recorded == [
-        (1.0, {"path": "query"}),
-        (1.0, {"path": "background"}),
-    ]
-    assert registry["rag_collection_version_load_ms"].recorded == [
-        (42.0, {"path": "query"}),
-        (7.0, {"path": "background"}),
-    ]
+    assert registry["rag_collection_version_loads"].recorded == [(1.0, {}), (1.0, {})]
+    assert registry["rag_collection_version_load_ms"].recorded == [(42.0, {}), (7.0, {})]
 
 
 def test_no_metric_is_labelled_by_collection():
