@@ -31,7 +31,7 @@ from retrieval.collection_store import (
 )
 from retrieval.embedding import Embedder
 from retrieval.incremental import read_documents
-from retrieval.index import manifest_version, read_chunks, read_manifest
+from retrieval.index import Manifest, manifest_version, read_chunks, read_manifest
 from retrieval.ingestion import Ingestor, JobBook, JobInput, JobRecord
 from retrieval.models import resolve_model_reference
 
@@ -225,24 +225,12 @@ class CollectionWriterDeployment:
             current = self._store.current(name)
         except CollectionNotFound:
             return {"name": name, "object": "collection", "deleted": True}
-        described: dict[str, Any] = {
-            "name": name,
-            "object": "collection",
-            "read_only": False,
-            "documents": 0,
-            "chunks": 0,
-            "version": None,
-            "updated_at": None,
-        }
-        if current is not None:
-            manifest = read_manifest(current.path)
-            described.update(
-                documents=int(manifest.extra.get("num_documents", 0)),
-                chunks=manifest.num_chunks,
-                version=current.version,
-                updated_at=current.published_at,
-            )
-        return described
+        if current is None:
+            return _collection(name)
+        return _collection(
+            name, read_manifest(current.path), version=current.version,
+            updated_at=current.published_at,
+        )  # fmt: skip
 
     def _documents(self, name: str) -> list[dict[str, Any]]:
         if name == DEFAULT_COLLECTION:
@@ -269,14 +257,27 @@ class CollectionWriterDeployment:
 
 def _describe_index(path: Path) -> dict[str, Any]:
     manifest = read_manifest(path)
+    return _collection(DEFAULT_COLLECTION, manifest, version=manifest_version(manifest),
+                       read_only=True)  # fmt: skip
+
+
+def _collection(
+    name: str,
+    manifest: Manifest | None = None,
+    *,
+    version: str | None = None,
+    updated_at: float | None = None,
+    read_only: bool = False,
+) -> dict[str, Any]:
+    """A collection as the API lists it; without a manifest, one with nothing published."""
     return {
-        "name": DEFAULT_COLLECTION,
+        "name": name,
         "object": "collection",
-        "read_only": True,
-        "documents": int(manifest.extra.get("num_documents", 0)),
-        "chunks": manifest.num_chunks,
-        "version": manifest_version(manifest),
-        "updated_at": None,
+        "read_only": read_only,
+        "documents": int(manifest.extra.get("num_documents", 0)) if manifest else 0,
+        "chunks": manifest.num_chunks if manifest else 0,
+        "version": version,
+        "updated_at": updated_at,
     }
 
 

@@ -243,8 +243,8 @@ class CollectionStore:
             "published_at": time.time(),
             "sequence": 1 + max([*sequences, current.sequence if current else 0]),
         }
-        _write_atomically(folder / HISTORY_FILE, _jsonl([*history, record]))
-        _write_atomically(folder / CURRENT_FILE, json.dumps(record).encode())
+        write_atomically(folder / HISTORY_FILE, _jsonl([*history, record]))
+        write_atomically(folder / CURRENT_FILE, json.dumps(record).encode())
         logger.info("published %s version %s (#%d)", name, version, record["sequence"])
         return self._published(name, record)
 
@@ -309,7 +309,7 @@ class CollectionStore:
         # Lines after CURRENT's are publishes that crashed before their commit point.
         published = [line for line in history if current and line["sequence"] <= current.sequence]
         if len(published) != len(history):
-            _write_atomically(folder / HISTORY_FILE, _jsonl(published))
+            write_atomically(folder / HISTORY_FILE, _jsonl(published))
         referenced = {line["version"] for line in published}
         referenced |= {current.version} if current else set()
         for path in sorted((folder / VERSIONS_DIR).iterdir()):
@@ -361,7 +361,7 @@ def _jsonl(records: list[dict]) -> bytes:
     return "".join(json.dumps(record) + "\n" for record in records).encode()
 
 
-def _write_atomically(path: Path, data: bytes) -> None:
+def write_atomically(path: Path, data: bytes) -> None:
     """Replace `path` with `data` so a reader sees the old content or the new, never a part."""
     temporary = path.with_name(f"{TEMP_PREFIX}{uuid.uuid4().hex}-{path.name}")
     try:

@@ -17,9 +17,7 @@ from __future__ import annotations
 import copy
 import json
 import logging
-import os
 import shutil
-import tempfile
 import threading
 import time
 import uuid
@@ -29,7 +27,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from retrieval.chunking import ChunkingParams
-from retrieval.collection_store import CollectionNotFound, CollectionStore
+from retrieval.collection_store import CollectionNotFound, CollectionStore, write_atomically
 from retrieval.documents import Document, DocumentError
 from retrieval.embedding import Embedder
 from retrieval.incremental import DocumentChanges, build_next_version
@@ -125,7 +123,7 @@ class JobBook:
         with self._lock:
             self._jobs[job.id] = copy.deepcopy(job)
             self._jobs.move_to_end(job.id)
-            _write_json(self._folder / f"{job.id}.json", job.to_dict())
+            write_atomically(self._folder / f"{job.id}.json", json.dumps(job.to_dict()).encode())
             finished = [j for j in self._jobs.values() if j.finished]
             for old in finished[: max(0, len(finished) - self._keep)]:
                 del self._jobs[old.id]
@@ -279,11 +277,3 @@ class Ingestor:
             build.num_chunks,
             build.embedded_chunks,
         )
-
-
-def _write_json(path: Path, data: dict[str, Any]) -> None:
-    """Replace `path` with `data` in one step (a reader never sees half a file)."""
-    handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    with os.fdopen(handle, "w", encoding="utf-8") as out:
-        json.dump(data, out)
-    os.replace(temporary, path)
