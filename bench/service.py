@@ -158,6 +158,20 @@ def _wait_ready(
     raise ServiceError(f"{name} not ready after {timeout_s:.0f} s:\n{tail(log_path)}")
 
 
+def wait_for_every_stage(base_url: str, timeout_s: float = 300, poll_s: float = 2.0) -> None:
+    """/readyz answers 200 once the required stages run; wait until the optional ones (the
+    compressor) run too, i.e. until it names no stage as degraded."""
+    deadline = time.monotonic() + timeout_s
+    with httpx.Client(trust_env=False, timeout=10) as client:
+        while time.monotonic() < deadline:
+            with contextlib.suppress(httpx.HTTPError, ValueError):
+                response = client.get(f"{base_url}/readyz")
+                if response.status_code == 200 and response.json().get("degraded") == []:
+                    return
+            time.sleep(poll_s)
+    raise ServiceError(f"a stage of {base_url} is still not running after {timeout_s:.0f} s")
+
+
 def stop_process(process: subprocess.Popen, grace_s: float = STOP_GRACE_S) -> None:
     """Stop `process`, started with start_new_session, and every process of its group: its
     session, which holds its children (`stop_process_group`); then reap it, keeping its exit

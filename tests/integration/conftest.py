@@ -10,7 +10,6 @@ openai) instead of running vLLM inside Ray.
 from __future__ import annotations
 
 import subprocess
-import time
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
@@ -21,7 +20,7 @@ import pytest
 import yaml
 
 from app.config import parse_config
-from bench.service import ServiceError, free_port, running_service
+from bench.service import ServiceError, free_port, running_service, wait_for_every_stage
 from bench.variant import apply_overrides
 from bench.vllm_server import external_generator_overrides, serving_generator
 
@@ -84,15 +83,6 @@ def started(
             yield Service(url, API_KEY, application["args"], engine, external)
     except ServiceError as exc:
         pytest.fail(str(exc))
-
-
-def wait_for_every_stage(base_url: str, timeout_s: float = 300) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if httpx.get(f"{base_url}/readyz", timeout=10).json().get("degraded") == []:
-            return
-        time.sleep(2)
-    raise ServiceError(f"a stage of {base_url} is still not running after {timeout_s:.0f} s")
 
 
 @pytest.fixture(scope="session")

@@ -10,25 +10,21 @@ from pathlib import Path
 
 import pytest
 
-from bench import ingestion
-from bench.ingestion import (
-    INGESTING,
-    QUIET,
-    AddRun,
-    Passage,
-    PhaseRun,
-    QueryRecord,
-)
+from bench.ingestion import inputs, parts, report
+from bench.ingestion import summary as figures
+from bench.ingestion.client import QueryRecord
+from bench.ingestion.inputs import Passage
+from bench.ingestion.summary import INGESTING, QUIET, AddRun, PhaseRun
 from bench.questions import DEFAULT_QUESTIONS
 
 ROOT = Path(__file__).resolve().parents[3]
 
 
 def test_facts_are_seeded_and_their_invented_words_unique():
-    facts = ingestion.invent_facts(30, seed=1)
+    facts = inputs.invent_facts(30, seed=1)
 
-    assert facts == ingestion.invent_facts(30, seed=1)
-    assert facts != ingestion.invent_facts(30, seed=2)
+    assert facts == inputs.invent_facts(30, seed=1)
+    assert facts != inputs.invent_facts(30, seed=2)
     assert [f.doc_id for f in facts] == [f"fact-{i:03d}" for i in range(30)]
     words = [w for f in facts for w in (f.name, *f.keeper.split(), f.land)]
     assert len(words) == len(set(words))
@@ -36,7 +32,7 @@ def test_facts_are_seeded_and_their_invented_words_unique():
 
 
 def test_a_fact_is_in_its_text_and_its_questions_name_it():
-    fact = ingestion.invent_facts(1, seed=0)[0]
+    fact = inputs.invent_facts(1, seed=0)[0]
     record = fact.record()
 
     assert record["id"] == fact.doc_id and record["title"] == fact.title
@@ -50,7 +46,7 @@ def test_a_fact_is_in_its_text_and_its_questions_name_it():
 def test_paragraphs_drop_headings_and_stubs_and_join_lines():
     text = "# Title\n\nshort one\n\n" + "word " * 50 + "\nmore " * 10 + "\n\n## Next\n" + "x" * 210
 
-    paragraphs = ingestion.paragraphs_from_text(text)
+    paragraphs = inputs.paragraphs_from_text(text)
 
     assert len(paragraphs) == 2
     assert "\n" not in paragraphs[0] and paragraphs[0].startswith("word word")
@@ -58,40 +54,40 @@ def test_paragraphs_drop_headings_and_stubs_and_join_lines():
 
 
 def test_passages_fall_back_to_the_corpus_when_squad_is_not_cached(tmp_path):
-    kind, passages = ingestion.load_passages(ROOT / "data/corpus", tmp_path / "missing.json")
+    kind, passages = inputs.load_passages(ROOT / "data/corpus", tmp_path / "missing.json")
 
     assert kind.startswith("paragraphs of")
     assert len(passages) > 36
-    assert all(len(p.text) >= ingestion.MIN_PARAGRAPH_CHARS for p in passages)
+    assert all(len(p.text) >= inputs.MIN_PARAGRAPH_CHARS for p in passages)
 
 
 def test_the_document_stream_never_repeats_an_id_and_cycles_the_passages():
     passages = [Passage(f"s{i}", f"T{i}", f"text {i}") for i in range(3)]
 
-    records = list(itertools.islice(ingestion.document_stream(passages, seed=0), 7))
+    records = list(itertools.islice(inputs.document_stream(passages, seed=0), 7))
 
     assert [r["id"] for r in records] == [f"ingest-{i:06d}" for i in range(7)]
     assert {r["text"] for r in records[:3]} == {"text 0", "text 1", "text 2"}
-    assert records == list(itertools.islice(ingestion.document_stream(passages, seed=0), 7))
-    stream = ingestion.document_stream(passages, seed=0)
-    assert len(ingestion.take(stream, 2)) == 2 and ingestion.take(stream, 1)[0]["id"].endswith("2")
+    assert records == list(itertools.islice(inputs.document_stream(passages, seed=0), 7))
+    stream = inputs.document_stream(passages, seed=0)
+    assert len(inputs.take(stream, 2)) == 2 and inputs.take(stream, 1)[0]["id"].endswith("2")
     with pytest.raises(ValueError):
-        next(ingestion.document_stream([], seed=0))
+        next(inputs.document_stream([], seed=0))
 
 
 def test_phases_alternate_from_quiet():
-    assert ingestion.phase_plan(4) == [QUIET, INGESTING, QUIET, INGESTING]
-    assert ingestion.phase_plan(3) == [QUIET, INGESTING, QUIET]
-    assert ingestion.phase_plan(2, warm_up=True) == [ingestion.WARM_UP, QUIET, INGESTING]
+    assert parts.phase_plan(4) == [QUIET, INGESTING, QUIET, INGESTING]
+    assert parts.phase_plan(3) == [QUIET, INGESTING, QUIET]
+    assert parts.phase_plan(2, warm_up=True) == [figures.WARM_UP, QUIET, INGESTING]
     with pytest.raises(ValueError):
-        ingestion.phase_plan(1)
+        parts.phase_plan(1)
 
 
 def test_the_rate_is_a_fraction_of_capacity():
-    assert ingestion.choose_rate(2.0, 0.45) == 0.9
-    assert ingestion.choose_rate(0.001, 0.45) == 0.01
+    assert parts.choose_rate(2.0, 0.45) == 0.9
+    assert parts.choose_rate(0.001, 0.45) == 0.01
     with pytest.raises(ValueError):
-        ingestion.choose_rate(0.0, 0.45)
+        parts.choose_rate(0.0, 0.45)
 
 
 def query(doc_ids=(), status=200, error_kind=None, sent_wall=None, **fields) -> QueryRecord:
@@ -128,7 +124,7 @@ def test_an_add_misses_only_queries_sent_after_its_job_finished():
 def test_add_summary_and_verdict():
     runs = [add_run(1.0 + i / 10, duration_s=0.5 + i / 10) for i in range(10)]
 
-    summary = ingestion.add_summary(runs)
+    summary = figures.add_summary(runs)
 
     assert summary["adds"] == summary["cited"] == 10 and summary["misses_after_publish"] == 0
     assert summary["first_cited_s"]["n"] == 10
@@ -141,19 +137,19 @@ def test_add_summary_and_verdict():
     assert summary["verdict"]["met"] is True
 
     missed = [*runs, add_run(None)]
-    assert ingestion.add_summary(missed)["verdict"]["met"] is False
+    assert figures.add_summary(missed)["verdict"]["met"] is False
     late = [*runs, add_run(3.0, queries=[query(["x"], sent_wall=102), query(["fact-000"])])]
-    assert ingestion.add_summary(late)["verdict"]["met"] is False
-    assert ingestion.add_summary([])["verdict"]["met"] is False
+    assert figures.add_summary(late)["verdict"]["met"] is False
+    assert figures.add_summary([])["verdict"]["met"] is False
 
 
 def test_paraphrase_records_are_seeded_draws_aimed_at_the_fact():
-    fact = ingestion.invent_facts(1, seed=0)[0]
+    fact = inputs.invent_facts(1, seed=0)[0]
 
-    records = ingestion.paraphrase_records(fact, 50, seed=3, part="delete")
+    records = inputs.paraphrase_records(fact, 50, seed=3, part="delete")
 
     assert [r.question for r in records] == [
-        r.question for r in ingestion.paraphrase_records(fact, 50, seed=3, part="delete")
+        r.question for r in inputs.paraphrase_records(fact, 50, seed=3, part="delete")
     ]
     assert {r.question for r in records} <= set(fact.paraphrases)
     assert len({r.question for r in records}) > 3
@@ -165,7 +161,7 @@ def test_delete_summary_counts_retrievals_failures_and_versions():
     precheck = [query(["gone"]), query(["gone"]), query(["other"])]
     clean = [query(["other"], index_version="v2") for _ in range(5)]
 
-    summary = ingestion.delete_summary(precheck, clean, "gone", job)
+    summary = figures.delete_summary(precheck, clean, "gone", job)
 
     assert summary["precheck_retrieved"] == 2 and summary["precheck_n"] == 3
     assert summary["retrieved"] == 0 and summary["ok"] == 5 and summary["versions"] == ["v2"]
@@ -173,11 +169,11 @@ def test_delete_summary_counts_retrievals_failures_and_versions():
     assert "0/5" in summary["verdict"]["text"]
 
     leaked = [*clean, query(["gone", "other"], index_version="v1")]
-    summary = ingestion.delete_summary(precheck, leaked, "gone", job)
+    summary = figures.delete_summary(precheck, leaked, "gone", job)
     assert summary["retrieved"] == 1 and summary["older_versions"] == 1
     assert summary["verdict"]["met"] is False
     failed = [*clean, query(status=503, error_kind="http_503")]
-    assert ingestion.delete_summary(precheck, failed, "gone", job)["verdict"]["met"] is False
+    assert figures.delete_summary(precheck, failed, "gone", job)["verdict"]["met"] is False
 
 
 def load_records(quiet_ms, ingesting_ms):
@@ -199,7 +195,7 @@ def test_load_summary_per_condition_and_ratios():
     quiet = [1000.0 + i for i in range(100)]
     ingesting = [1100.0 + i for i in range(100)]
 
-    summary = ingestion.load_summary(load_records(quiet, ingesting), phases())
+    summary = figures.load_summary(load_records(quiet, ingesting), phases())
 
     by = summary["conditions"]
     assert by[QUIET]["n"] == by[QUIET]["ok"] == 100 and by[QUIET]["documents_added"] == 0
@@ -220,22 +216,22 @@ def test_the_load_goal_fails_on_a_hung_or_failed_query_or_a_slow_p99():
     failed = load_records(quiet, [1000.0] * 50)
     failed[-1].status, failed[-1].error_kind = 503, "http_503"
 
-    hung_summary = ingestion.load_summary(hung, phases())
+    hung_summary = figures.load_summary(hung, phases())
     assert hung_summary["conditions"][INGESTING]["hung"] == 1
     assert hung_summary["verdict"]["met"] is False
-    failed_summary = ingestion.load_summary(failed, phases())
+    failed_summary = figures.load_summary(failed, phases())
     assert failed_summary["conditions"][INGESTING]["not_200"] == 1
     assert failed_summary["verdict"]["met"] is False
-    slow = ingestion.load_summary(load_records(quiet, [1000.0] * 45 + [3000.0] * 5), phases())
+    slow = figures.load_summary(load_records(quiet, [1000.0] * 45 + [3000.0] * 5), phases())
     assert slow["verdict"]["met"] is False and slow["verdict"]["p99_within"] is False
-    empty = ingestion.load_summary(load_records(quiet, []), phases())
+    empty = figures.load_summary(load_records(quiet, []), phases())
     assert empty["verdict"]["met"] is False and "p99_ratio" not in empty
 
 
 def test_a_ratio_reads_against_one():
-    assert ingestion.ratio_reading({"low": 0.9, "high": 1.2}) == "no detectable difference"
-    assert ingestion.ratio_reading({"low": 1.1, "high": 1.2}) == "higher under ingestion"
-    assert ingestion.ratio_reading({"low": 0.5, "high": 0.9}) == "lower under ingestion"
+    assert figures.ratio_reading({"low": 0.9, "high": 1.2}) == "no detectable difference"
+    assert figures.ratio_reading({"low": 1.1, "high": 1.2}) == "higher under ingestion"
+    assert figures.ratio_reading({"low": 0.5, "high": 0.9}) == "lower under ingestion"
 
 
 def test_the_report_names_every_goal_and_the_document_is_json(tmp_path):
@@ -244,14 +240,14 @@ def test_the_report_names_every_goal_and_the_document_is_json(tmp_path):
         "rate_source": "0.45 x measured capacity",
         "setup_job": {"status": "succeeded"},
         "calibration": {
-            "single_e2e_ms": ingestion.latency_summary([900.0, 1000.0]),
+            "single_e2e_ms": figures.latency_summary([900.0, 1000.0]),
             "capacity_concurrency": 4,
             "capacity_per_s": 2.0,
         },
         "timings_s": {},
         "adds": [add_run(1.5)],
         "deletion": {
-            "summary": ingestion.delete_summary(
+            "summary": figures.delete_summary(
                 [query(["gone"])],
                 [query(["x"], index_version="v2")],
                 "gone",
@@ -283,29 +279,29 @@ def test_the_report_names_every_goal_and_the_document_is_json(tmp_path):
         "warm_up_s": 60.0,
     }
 
-    document = ingestion.build_document(measured, config, seed=0, duration_s=600.0)
-    text = ingestion.markdown(document)
+    document = report.build_document(measured, config, seed=0, duration_s=600.0)
+    text = report.markdown(document)
 
     json.dumps(document)
     assert "Goal 1 met" in text and "Goal 2 met" in text and "Goal 3 met" in text
     assert "0.9 queries/s" in text and "10.0 min" in text
     assert document["records"]["adds"][0]["misses_after_publish"] == 0
-    no_delete = ingestion.markdown(ingestion.build_document(
+    no_delete = report.markdown(report.build_document(
         measured | {"deletion": None}, config, seed=0, duration_s=1.0))  # fmt: skip
     assert "Not measured" in no_delete
 
 
 def test_warm_up_queries_count_in_no_condition():
     records = load_records([1000.0] * 10, [1000.0] * 10)
-    warm = query(phase=2, condition=ingestion.WARM_UP)
+    warm = query(phase=2, condition=figures.WARM_UP)
     warm.e2e_ms = 9000.0
-    warm_up = PhaseRun(2, ingestion.WARM_UP, -60.0, 0.0)
+    warm_up = PhaseRun(2, figures.WARM_UP, -60.0, 0.0)
 
-    summary = ingestion.load_summary([warm, *records], [warm_up, *phases()])
+    summary = figures.load_summary([warm, *records], [warm_up, *phases()])
 
     assert summary["conditions"][QUIET]["n"] == summary["conditions"][INGESTING]["n"] == 10
     assert summary["p99_ratio"]["estimate"] == pytest.approx(1.0)
-    assert summary["phases"][0]["condition"] == ingestion.WARM_UP
+    assert summary["phases"][0]["condition"] == figures.WARM_UP
     assert summary["phases"][0]["e2e_ms_p99"] == 9000.0
 
 
@@ -315,7 +311,7 @@ def test_distinct_load_questions_do_not_recur_until_the_pool_is_spent():
         {"id": "b", "text": "Short. A third sentence that counts for the pool."},
     ]
 
-    stream = ingestion.load_questions("distinct", corpus, seed=0)
+    stream = inputs.load_questions("distinct", corpus, seed=0)
     first_round = [next(stream) for _ in range(3)]
 
     assert len(set(first_round)) == 3  # "Short." is too short to ask about
@@ -324,6 +320,6 @@ def test_distinct_load_questions_do_not_recur_until_the_pool_is_spent():
 
 
 def test_repeated_load_questions_come_from_the_fixed_set():
-    stream = ingestion.load_questions("repeated", [], seed=0)
+    stream = inputs.load_questions("repeated", [], seed=0)
 
     assert {next(stream) for _ in range(50)} <= set(DEFAULT_QUESTIONS)

@@ -1,0 +1,5 @@
+import sys
+
+from bench.ingestion.run import main
+
+sys.exit(main())
