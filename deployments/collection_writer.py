@@ -12,9 +12,7 @@ import asyncio
 import contextlib
 import os
 import time
-from collections import Counter
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 from app.config import PROJECT_ROOT, RagAppConfig, resolve_path
@@ -22,6 +20,12 @@ from deployments.collection_metrics import IngestionMetrics
 from pipeline.log import get_logger
 from pipeline.messages import DEFAULT_COLLECTION, StageError
 from retrieval.chunking import ChunkingParams
+from retrieval.collection_listing import (
+    collection_documents,
+    describe_collection,
+    describe_shipped,
+    shipped_documents,
+)
 from retrieval.collection_store import (
     CollectionExists,
     CollectionNotFound,
@@ -30,8 +34,6 @@ from retrieval.collection_store import (
     WriterBusy,
 )
 from retrieval.embedding import Embedder
-from retrieval.incremental import read_documents
-from retrieval.index import Manifest, manifest_version, read_chunks, read_manifest
 from retrieval.ingestion import Ingestor, JobBook, JobInput, JobRecord
 from retrieval.models import resolve_model_reference
 
@@ -66,7 +68,7 @@ class CollectionWriterDeployment:
             cpu_share=settings.job_cpu_share,
         )
         self._default_path = resolve_path(config.retriever.index_path)
-        self._default = _describe_index(self._default_path)
+        self._default = describe_shipped(self._default_path)
         with self._store.writer(timeout_s=settings.writer_lock_timeout_s):
             leftovers = self._store.recover()
             self._jobs = JobBook(root, keep=settings.jobs_kept)
@@ -95,7 +97,7 @@ class CollectionWriterDeployment:
             refused = await self._write(lambda: self._store.create(name))
         if isinstance(refused, StageError):
             return refused
-        return await asyncio.to_thread(self._describe, name)
+        return await asyncio.to_thread(describe_collection, self._store, name)
 
     async def delete_collection(self, name: str) -> dict[str, Any] | StageError:
         """Delete a collection and every version of it (after the job running, if any)."""
@@ -109,7 +111,7 @@ class CollectionWriterDeployment:
 
     async def list_collections(self) -> dict[str, Any]:
         described = await asyncio.to_thread(
-            lambda: [self._describe(name) for name in self._store.names()]
+            lambda: [describe_collection(self._store, name) for name in self._store.names()]
         )
         # A collection deleted while it was being listed is left out.
         data = [self._default] + [c for c in described if not c.get("deleted")]
@@ -120,7 +122,11 @@ class CollectionWriterDeployment:
     ) -> dict[str, Any] | StageError:
         """One page of the documents the collection's current version holds."""
         try:
-            documents = await asyncio.to_thread(self._documents, name)
+            documents = (
+                await asyncio.to_thread(shipped_documents, self._default_path)
+                if name == DEFAULT_COLLECTION
+                else await asyncio.to_thread(collection_documents, self._store, name)
+            )
         except (CollectionNotFound, InvalidCollectionName):
             return _not_found(name)
         page = documents[offset : offset + limit]
@@ -219,66 +225,6 @@ class CollectionWriterDeployment:
         except WriterBusy as exc:
             return StageError(503, str(exc), "service_unavailable", code="writer_busy")
         return None
-
-    def _describe(self, name: str) -> dict[str, Any]:
-        try:
-            current = self._store.current(name)
-        except CollectionNotFound:
-            return {"name": name, "object": "collection", "deleted": True}
-        if current is None:
-            return _collection(name)
-        return _collection(
-            name, read_manifest(current.path), version=current.version,
-            updated_at=current.published_at,
-        )  # fmt: skip
-
-    def _documents(self, name: str) -> list[dict[str, Any]]:
-        if name == DEFAULT_COLLECTION:
-            return self._default_documents()
-        current = self._store.current(name)
-        if current is None:
-            return []
-        return [
-            {"id": d.doc_id, "title": d.title, "chunks": d.chunks, "chars": d.chars,
-             "updated_at": d.updated_at}
-            for d in read_documents(current.path)
-        ]  # fmt: skip
-
-    def _default_documents(self) -> list[dict[str, Any]]:
-        chunks = read_chunks(self._default_path)
-        counts = Counter(item.chunk.doc_id for item in chunks)
-        titles = {item.chunk.doc_id: item.chunk.title for item in chunks}
-        return [
-            {"id": doc_id, "title": titles[doc_id], "chunks": n, "chars": None,
-             "updated_at": None}
-            for doc_id, n in counts.items()
-        ]  # fmt: skip
-
-
-def _describe_index(path: Path) -> dict[str, Any]:
-    manifest = read_manifest(path)
-    return _collection(DEFAULT_COLLECTION, manifest, version=manifest_version(manifest),
-                       read_only=True)  # fmt: skip
-
-
-def _collection(
-    name: str,
-    manifest: Manifest | None = None,
-    *,
-    version: str | None = None,
-    updated_at: float | None = None,
-    read_only: bool = False,
-) -> dict[str, Any]:
-    """A collection as the API lists it; without a manifest, one with nothing published."""
-    return {
-        "name": name,
-        "object": "collection",
-        "read_only": read_only,
-        "documents": int(manifest.extra.get("num_documents", 0)) if manifest else 0,
-        "chunks": manifest.num_chunks if manifest else 0,
-        "version": version,
-        "updated_at": updated_at,
-    }
 
 
 def _not_found(name: str) -> StageError:
