@@ -287,7 +287,8 @@ class CostModelConfig(StrictModel):
         description="Quadratic term of prefill time (attention) per token squared.",
     )
     sentences: CompressorCostConfig = Field(
-        CompressorCostConfig(ms_per_token=0.05), description="Sentence selection's own time."
+        CompressorCostConfig(ms_per_token=0.0084),
+        description="Sentence selection's own time (the CPU profile's fit, docs/benchmarks.md).",
     )
     llmlingua: CompressorCostConfig = Field(
         CompressorCostConfig(ms_per_token=0.4007, ms_per_chunk=1093.65),
