@@ -31,10 +31,11 @@ naming the collection, timed on the client (E2E); the service's default top_k (5
    paraphrases (drawn with a fixed seed) run at concurrency `--delete-concurrency`, and any
    answer whose sources hold the document counts against the goal, as does any non-200.
 3. Steady load with and without ingestion (goal: 0 failed or hung queries, p99 within 1.5x
-   of no ingestion). Open-loop Poisson arrivals (seeded) at the fixed rate, questions from
-   bench.questions, over `--phases` phases alternating quiet / ingesting / quiet / ... (ABAB,
-   so drift over the run falls on both conditions). In an ingesting phase, jobs run back to
-   back, each adding `--docs-per-job` new documents of real text (SQuAD dev paragraphs when
+   of no ingestion). Open-loop Poisson arrivals (seeded) at the fixed rate, questions of
+   `--load-questions`, over `--phases` phases in ABBA order: quiet / ingesting / ingesting /
+   quiet / ... (a drift linear in time falls equally on both conditions; run 2 showed the
+   quiet phases themselves drifting). In an ingesting phase, jobs run back to back, each
+   adding `--docs-per-job` new documents of real text (SQuAD dev paragraphs when
    bench.squad's cache holds them, else data/corpus split into paragraphs; nothing is
    downloaded); a phase ends after `--phase-s` seconds, an ingesting one once the job then
    running has finished, so no job spills into a quiet phase. The same load runs for

@@ -39,6 +39,10 @@ class QueryRecord:
     doc_ids: list[str] = field(default_factory=list)
     degraded: str | None = None
     server_total_ms: float | None = None
+    # The service's own figures: timings_ms (retrieve, compress, queue, ttft, total, ...)
+    # and the prompt's tokens, to see which stage a slowdown is in.
+    timings_ms: dict[str, float] = field(default_factory=dict)
+    prompt_tokens: int | None = None
 
     @property
     def ok(self) -> bool:
@@ -95,8 +99,13 @@ async def ask(
             record.index_version = answer.get("index_version")
             record.doc_ids = [str(source.get("doc_id")) for source in answer.get("sources", [])]
             record.degraded = answer.get("degraded")
-            total = (answer.get("timings_ms") or {}).get("total")
-            record.server_total_ms = float(total) if isinstance(total, int | float) else None
+            timings = answer.get("timings_ms") or {}
+            record.timings_ms = {
+                k: float(v) for k, v in timings.items() if isinstance(v, int | float)
+            }
+            record.server_total_ms = record.timings_ms.get("total")
+            prompt_tokens = (answer.get("usage") or {}).get("prompt_tokens")
+            record.prompt_tokens = prompt_tokens if isinstance(prompt_tokens, int) else None
     except TimeoutError:
         record.error_kind, record.error = "hung", f"no answer within {hung_s:g} s"
     except httpx.HTTPError as exc:

@@ -49,11 +49,14 @@ API_KEY = "bench-ingestion-key-0123456789"
 
 
 def phase_plan(phases: int, warm_up: bool = False) -> list[str]:
-    """Conditions of `phases` phases, alternating from quiet: quiet, ingesting, quiet, ...;
-    with `warm_up`, a warm-up phase (load, no ingestion, not counted) comes first."""
+    """Conditions of `phases` phases in ABBA order from quiet: quiet, ingesting, ingesting,
+    quiet, quiet, ingesting, ... (a drift linear in time then falls equally on both
+    conditions when `phases` is a multiple of 4); with `warm_up`, a warm-up phase (load, no
+    ingestion, not counted) comes first."""
     if phases < 2:
         raise ValueError("at least 2 phases (one of each condition) are needed")
-    return [WARM_UP] * warm_up + [QUIET if i % 2 == 0 else INGESTING for i in range(phases)]
+    plan = [QUIET if (i + 1) // 2 % 2 == 0 else INGESTING for i in range(phases)]
+    return [WARM_UP] * warm_up + plan
 
 
 def choose_rate(capacity_per_s: float, fraction: float) -> float:

@@ -8,6 +8,7 @@ from typing import Any
 
 from bench.ingestion.summary import (
     INGESTING,
+    PHASE_STAGES,
     QUIET,
     AddRun,
     add_summary,
@@ -158,11 +159,12 @@ def markdown(document: dict[str, Any]) -> str:
         "## 3. Steady query load during continuous ingestion",
         "",
         f"Open-loop Poisson arrivals at {summary['rate_per_s']:g}/s over {config['phases']} "
-        f"phases of {config['phase_s']:g} s, alternating quiet / ingesting (ABAB); in "
-        f"ingesting phases, add jobs of {config['docs_per_job']} new documents ran back to "
-        f"back ({config['passages']}). Before them, {config['warm_up_s']:g} s of the same load "
-        "as warm-up, not counted (it refills vLLM's prefix cache after part 2's other "
-        f"questions). A query with no answer within {config['hung_s']:g} s is hung. E2E over "
+        f"phases of {config['phase_s']:g} s in ABBA order (quiet, ingesting, ingesting, "
+        f"quiet, ...); in ingesting phases, add jobs of {config['docs_per_job']} new "
+        f"documents ran back to back ({config['passages']}). Before them, "
+        f"{config['warm_up_s']:g} s of the same load as warm-up, not counted (it refills "
+        "vLLM's prefix cache after part 2's other questions). A query with no answer within "
+        f"{config['hung_s']:g} s is hung. E2E over "
         "the queries answered 200.",
         "",
         "| condition | phases | s | queries | 200 | non-200 | hung | E2E p50 ms | p99 ms | "
@@ -199,14 +201,21 @@ def markdown(document: dict[str, Any]) -> str:
         "",
         "Per phase:",
         "",
-        "| phase | condition | s | queries | E2E p50 ms | p99 ms | jobs | documents |",
-        "|---:|---|---:|---:|---:|---:|---:|---:|",
+        "| phase | condition | s | queries | E2E p50 ms | p99 ms | retrieve p50 ms | "
+        "compress p50 ms | queue p50 ms | TTFT p50 ms | prompt tokens p50 | jobs | documents |",
+        "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
         *(
             f"| {p['index']} | {p['condition']} | {p['duration_s']:.0f} | {p['n']} | "
-            f"{format_ms(p['e2e_ms_p50'])} | {format_ms(p['e2e_ms_p99'])} | {p['jobs']} | "
+            f"{format_ms(p['e2e_ms_p50'])} | {format_ms(p['e2e_ms_p99'])} | "
+            + " | ".join(format_ms(p.get(f"{stage}_ms_p50")) for stage in PHASE_STAGES)
+            + f" | {format_ms(p.get('prompt_tokens_p50'))} | {p['jobs']} | "
             f"{p['documents_added']} |"
             for p in load["phases"]
         ),
+        "",
+        "Stage columns are medians of the service's own `timings_ms` (TTFT from the "
+        "request's arrival at the ingress; `queue` the time calls waited before a stage "
+        "began them); a slowdown shows in the stage it comes from.",
         "",
         f"Command: `{config['command']}`",
         "",

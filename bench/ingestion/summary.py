@@ -18,6 +18,8 @@ QUIET, INGESTING, WARM_UP = "quiet", "ingesting", "warm-up"
 
 # Goal 3: p99 E2E under ingestion at most this many times that of no ingestion.
 P99_RATIO_LIMIT = 1.5
+# The service's timings_ms the per-phase table gives medians of.
+PHASE_STAGES = ("retrieve", "compress", "queue", "ttft")
 
 
 @dataclass
@@ -268,11 +270,22 @@ def load_summary(
 
 
 def _phase_e2e(records: Sequence[QueryRecord]) -> dict[str, float | None]:
-    e2e = [r.e2e_ms for r in records if r.ok and r.e2e_ms is not None]
-    return {
-        "e2e_ms_p50": percentile(e2e, 50) if e2e else None,
+    """E2E p50/p99 of the phase's answers, and the medians of the service's own stage
+    times and prompt tokens (None where no answer carried them)."""
+    ok = [r for r in records if r.ok]
+    e2e = [r.e2e_ms for r in ok if r.e2e_ms is not None]
+
+    def p50(values: list[float]) -> float | None:
+        return percentile(values, 50) if values else None
+
+    figures = {
+        "e2e_ms_p50": p50(e2e),
         "e2e_ms_p99": percentile(e2e, 99) if e2e else None,
+        "prompt_tokens_p50": p50([float(r.prompt_tokens) for r in ok if r.prompt_tokens]),
     }
+    for stage in PHASE_STAGES:
+        figures[f"{stage}_ms_p50"] = p50([r.timings_ms[stage] for r in ok if stage in r.timings_ms])
+    return figures
 
 
 def ratio_reading(interval: dict[str, float]) -> str:

@@ -75,9 +75,10 @@ def test_the_document_stream_never_repeats_an_id_and_cycles_the_passages():
         next(inputs.document_stream([], seed=0))
 
 
-def test_phases_alternate_from_quiet():
-    assert parts.phase_plan(4) == [QUIET, INGESTING, QUIET, INGESTING]
-    assert parts.phase_plan(3) == [QUIET, INGESTING, QUIET]
+def test_phases_run_in_abba_order_from_quiet():
+    assert parts.phase_plan(4) == [QUIET, INGESTING, INGESTING, QUIET]
+    assert parts.phase_plan(8) == [QUIET, INGESTING, INGESTING, QUIET] * 2
+    assert parts.phase_plan(3) == [QUIET, INGESTING, INGESTING]
     assert parts.phase_plan(2, warm_up=True) == [figures.WARM_UP, QUIET, INGESTING]
     with pytest.raises(ValueError):
         parts.phase_plan(1)
@@ -189,6 +190,21 @@ def load_records(quiet_ms, ingesting_ms):
 def phases(added=40):
     jobs = [{"status": "succeeded", "counts": {"added": added // 2}, "duration_s": 2.0}] * 2
     return [PhaseRun(0, QUIET, 0.0, 100.0), PhaseRun(1, INGESTING, 100.0, 200.0, list(jobs))]
+
+
+def test_each_phase_gives_the_medians_of_the_services_stage_times():
+    records = load_records([1000.0] * 3, [2000.0] * 3)
+    for i, record in enumerate(records):
+        slow = record.phase == 1
+        record.timings_ms = {"retrieve": 30.0 + i + 40 * slow, "ttft": 900.0 + 900 * slow}
+        record.prompt_tokens = 500 + i
+    records[0].timings_ms = {}  # an answer without timings counts in none of them
+
+    by_phase = {p["index"]: p for p in figures.load_summary(records, phases())["phases"]}
+
+    assert by_phase[0]["retrieve_ms_p50"] == 31.5 and by_phase[0]["ttft_ms_p50"] == 900.0
+    assert by_phase[1]["retrieve_ms_p50"] == 74.0 and by_phase[1]["ttft_ms_p50"] == 1800.0
+    assert by_phase[0]["prompt_tokens_p50"] == 501.0 and by_phase[1]["compress_ms_p50"] is None
 
 
 def test_load_summary_per_condition_and_ratios():
