@@ -9,14 +9,13 @@ on the same folder. Answers are plain dicts (the API's response bodies) or Stage
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import os
 import time
 from collections.abc import Callable
 from typing import Any
 
 from app.config import PROJECT_ROOT, RagAppConfig, resolve_path
 from deployments.collection_metrics import IngestionMetrics
+from deployments.job_thread import job_executor
 from pipeline.log import get_logger
 from pipeline.messages import DEFAULT_COLLECTION, StageError
 from retrieval.chunking import ChunkingParams
@@ -80,6 +79,7 @@ class CollectionWriterDeployment:
             maxsize=settings.max_queued_jobs
         )
         self._writing = asyncio.Lock()  # one change at a time within this replica
+        self._job_thread = job_executor(settings.job_scheduling, settings.job_niceness)
         self._worker: asyncio.Task | None = None
         self._metrics = IngestionMetrics()
         logger.info(
@@ -180,7 +180,11 @@ class CollectionWriterDeployment:
         while True:
             job, work = await self._queue.get()
             async with self._writing:
-                await asyncio.to_thread(self._run_job, job, work)
+                # The job thread's priority is below the queries' (deployments.job_thread);
+                # torch runs its one intra-op thread on it.
+                await asyncio.get_running_loop().run_in_executor(
+                    self._job_thread, self._run_job, job, work
+                )
             try:
                 self._metrics.observe(job)
             except Exception:  # a metric must not stop the worker (and the replica with it)
@@ -188,10 +192,6 @@ class CollectionWriterDeployment:
             self._queue.task_done()
 
     def _run_job(self, job: JobRecord, work: JobInput) -> None:
-        # Linux sets a nice value per thread: this one (torch runs one intra-op thread here)
-        # yields the CPU to the query path while a job embeds and indexes.
-        with contextlib.suppress(OSError):
-            os.setpriority(os.PRIO_PROCESS, 0, self._settings.job_niceness)
         self._ingestor.run(job, work, self._progress_saver())
 
     def _progress_saver(self) -> Callable[[JobRecord], None]:
