@@ -684,9 +684,10 @@ class CollectionsConfig(StrictModel):
         "idle",
         description="How the thread that runs jobs yields the CPU to queries. 'idle' "
         "(Linux SCHED_IDLE): it runs only on CPU time nothing else wants, so a job never "
-        "preempts vLLM's threads; under a load that keeps every CPU busy, jobs wait. 'nice': "
-        "`job_niceness`, a smaller share but never starved (a nice-10 thread still slowed "
-        "a two-thread forward pass 1.47x here, against 1.09x under SCHED_IDLE).",
+        "preempts the query path's threads; under a load that keeps every CPU busy, jobs "
+        "wait. 'nice': `job_niceness`, a smaller share but never starved (on 2 cores under "
+        "continuous ingestion, query p99 was 2.22x the quiet phases' with nice 10 and 0.94x "
+        "with SCHED_IDLE: docs/benchmarks.md).",
     )
     job_niceness: int = Field(
         10,

@@ -15,7 +15,6 @@ from typing import Any
 
 from app.config import PROJECT_ROOT, RagAppConfig, resolve_path
 from deployments.collection_metrics import IngestionMetrics
-from deployments.job_thread import job_executor
 from pipeline.log import get_logger
 from pipeline.messages import DEFAULT_COLLECTION, StageError
 from retrieval.chunking import ChunkingParams
@@ -34,6 +33,7 @@ from retrieval.collection_store import (
 )
 from retrieval.embedding import Embedder
 from retrieval.ingestion import Ingestor, JobBook, JobInput, JobRecord
+from retrieval.job_thread import job_executor
 from retrieval.models import resolve_model_reference
 
 logger = get_logger(__name__)
@@ -180,7 +180,7 @@ class CollectionWriterDeployment:
         while True:
             job, work = await self._queue.get()
             async with self._writing:
-                # The job thread's priority is below the queries' (deployments.job_thread);
+                # The job thread's priority is below the queries' (retrieval.job_thread);
                 # torch runs its one intra-op thread on it.
                 await asyncio.get_running_loop().run_in_executor(
                     self._job_thread, self._run_job, job, work

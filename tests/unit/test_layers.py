@@ -22,7 +22,7 @@ def imported_packages(path: Path) -> set[str]:
 
 
 def modules(package: str) -> list[Path]:
-    return sorted((ROOT / package).glob("*.py"))
+    return sorted((ROOT / package).rglob("*.py"))
 
 
 @pytest.mark.parametrize("path", modules("app"), ids=lambda p: p.name)

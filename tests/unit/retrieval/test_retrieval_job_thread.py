@@ -1,4 +1,4 @@
-"""deployments.job_thread: the job thread's priority is lowered, and only that thread's."""
+"""retrieval.job_thread: the job thread's priority is lowered, and only that thread's."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from deployments.job_thread import job_executor, lower_this_thread
+from retrieval.job_thread import job_executor, lower_this_thread
 
 linux = pytest.mark.skipif(sys.platform != "linux", reason="per-thread scheduling is Linux's")
 
