@@ -156,6 +156,7 @@ bench: setup models-qwen
 	$(BIN)/python -m bench.overhead --out bench-results/overhead
 	$(BIN)/python -m bench.engines --out bench-results/engines
 	$(BIN)/python -m bench.ingestion --out bench-results/ingestion
+	$(BIN)/python -m bench.thread_contention --out bench-results/thread-contention
 	$(BIN)/python -m bench.scale --out bench-results/scale
 	$(BIN)/python -m bench.suite --plan spec --out bench-results/spec
 	$(BIN)/python -m bench.intervals --results docs/results --out bench-results/intervals
