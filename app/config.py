@@ -279,10 +279,10 @@ class CostModelConfig(StrictModel):
     (SmolLM2-135M fp32 generator, SmolLM2-135M LLMLingua scorer; docs/benchmarks.md)."""
 
     prefill_ms_per_token: float = Field(
-        2.957, ge=0, description="Generator prefill milliseconds per uncached prompt token."
+        1.3992, ge=0, description="Generator prefill milliseconds per uncached prompt token."
     )
     prefill_ms_per_token_squared: float = Field(
-        0.0024868,
+        0.0002266,
         ge=0,
         description="Quadratic term of prefill time (attention) per token squared.",
     )
@@ -291,7 +291,7 @@ class CostModelConfig(StrictModel):
         description="Sentence selection's own time (the CPU profile's fit, docs/benchmarks.md).",
     )
     llmlingua: CompressorCostConfig = Field(
-        CompressorCostConfig(ms_per_token=0.4007, ms_per_chunk=1093.65),
+        CompressorCostConfig(ms_per_token=3.7543, ms_per_chunk=116.96),
         description="LLMLingua's own time.",
     )
 
