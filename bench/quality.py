@@ -2,7 +2,8 @@
 
     python -m bench.quality prepare [--cache .cache/squad] [--index indexes/squad-dev]
     python -m bench.quality run --url http://127.0.0.1:8000 [--api-key K] --questions 50 \\
-        --seed 0 --sweep quick|full --max-tokens 32 --out bench-results --label squad-quick
+        --seed 0 --sweep quick|full|reader|qwen [--methods none sentences] [--interleave] \\
+        [--resume] --max-tokens 32 --out bench-results --label squad-quick
 
 `prepare` fetches SQuAD v1.1 dev (bench.squad), writes its paragraphs as a JSONL corpus and,
 only when the index is missing, builds it with the project's own `python -m retrieval.build`.
@@ -19,6 +20,11 @@ before and after compression, citation validity, and the service's timings. It w
 `<out>/<label>.json` (config, per-question results, per-point summary), `<out>/<label>.md`
 (one table row per point) and, when matplotlib is importable, `<out>/<label>.png`
 (F1 against mean context tokens kept).
+
+Every result is also appended to `<out>/<label>.partial.jsonl` as it comes: Ctrl-C writes
+the outputs of what was done (`stopped_early` in the config) and `--resume` goes on from
+there. `--interleave` asks question by question, the points in ABBA turn, so that a run
+stopped early still compares every point on the same questions.
 """
 
 from __future__ import annotations
@@ -32,7 +38,7 @@ import shlex
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -135,6 +141,13 @@ SWEEPS: dict[str, tuple[SweepPoint, ...]] = {
         SweepPoint("llmlingua", 0.5, 5),
         SweepPoint("llmlingua", 0.33, 3),
         SweepPoint("sentences+llmlingua", 0.33, 3),
+    ),
+    # The 1.5B reader's headline comparison at top-5, one point per method; run a subset of
+    # the methods with `--methods` (the same seed and n ask the same questions, so runs pair).
+    "reader": (
+        SweepPoint("none", None, 5),
+        SweepPoint("sentences", 0.5, 5),
+        SweepPoint("llmlingua", 0.5, 5),
     ),
     # The slower Qwen reader: the k=3 points.
     "qwen": (
@@ -307,47 +320,92 @@ def check_ready(client: httpx.Client, timeout_s: float) -> None:
         )
 
 
-def run_sweep(
+def sweep_order(
+    questions: Sequence[SquadQuestion], points: Sequence[SweepPoint], interleave: bool = False
+) -> list[tuple[SweepPoint, SquadQuestion]]:
+    """The requests in the order they are sent: point by point, or, interleaved, question by
+    question with the points in turn forwards and backwards (ABBA), so that a run stopped
+    early is still paired and drift over the run falls on every point alike."""
+    if not interleave:
+        return [(point, question) for point in points for question in questions]
+    return [
+        (point, question)
+        for i, question in enumerate(questions)
+        for point in (points if i % 2 == 0 else tuple(reversed(points)))
+    ]
+
+
+def iter_sweep(
     client: httpx.Client,
-    questions: Sequence[SquadQuestion],
-    points: Sequence[SweepPoint],
+    requests: Sequence[tuple[SweepPoint, SquadQuestion]],
     max_tokens: int,
     timeout_s: float,
     known_doc_ids: set[str],
     headers: dict[str, str] | None = None,
     answer_style: str = "explained",
-) -> list[QuestionResult]:
-    """Every question at every point, point by point, one request at a time.
+) -> Iterator[QuestionResult]:
+    """Send `requests` one at a time, yielding each scored result as it comes.
 
     `known_doc_ids` are the corpus's paragraph ids: if the first answered request retrieves
     none of them, the service is serving another index and QualityError stops the run there.
     """
-    results: list[QuestionResult] = []
-    total = len(questions) * len(points)
     checked_index = False
-    for point in points:
-        for question in questions:
-            result = query_question(
-                client, question, point, max_tokens, timeout_s, headers, answer_style
+    for done, (point, question) in enumerate(requests, start=1):
+        result = query_question(
+            client, question, point, max_tokens, timeout_s, headers, answer_style
+        )
+        if result.answered and not checked_index:
+            checked_index = True
+            if not known_doc_ids.intersection(result.source_doc_ids):
+                raise QualityError(
+                    "the service's sources are not SQuAD paragraphs (got "
+                    f"{result.source_doc_ids[:3]}); serve the index `prepare` built "
+                    "(retriever.index_path, see bench.variant)"
+                )
+        logger.info(
+            "[%d/%d] %s %s: %s",
+            done,
+            len(requests),
+            point.name,
+            question.question_id,
+            result.error
+            or f"F1 {result.f1:.2f}, recall {result.recall:.0f}, TTFT {result.ttft_ms:.0f} ms",
+        )
+        yield result
+
+
+# --- checkpoint ------------------------------------------------------------------------------
+
+
+def checkpoint_path(out_dir: Path, label: str) -> Path:
+    """Where a run appends each result as it comes (removed once the outputs are written)."""
+    return out_dir / f"{label}.partial.jsonl"
+
+
+def read_checkpoint(
+    path: Path, points: Sequence[SweepPoint], questions: Sequence[SquadQuestion]
+) -> list[QuestionResult]:
+    """The results an earlier, unfinished run of the same sample left in `path` (none when
+    there is no file). Raises QualityError when they are not of this run's questions and
+    points: resuming them would mix two samples."""
+    if not path.is_file():
+        return []
+    wanted_points = {point.name for point in points}
+    wanted_questions = {question.question_id for question in questions}
+    results = []
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            result = QuestionResult(**json.loads(line))
+        except (ValueError, TypeError) as exc:
+            raise QualityError(f"{path}:{number}: not a result of this tool ({exc})") from exc
+        if result.point not in wanted_points or result.question_id not in wanted_questions:
+            raise QualityError(
+                f"{path}:{number}: {result.point} {result.question_id} is not in this run's "
+                "sample; delete the file or run with the seed, --questions and sweep it had"
             )
-            results.append(result)
-            if result.answered and not checked_index:
-                checked_index = True
-                if not known_doc_ids.intersection(result.source_doc_ids):
-                    raise QualityError(
-                        "the service's sources are not SQuAD paragraphs (got "
-                        f"{result.source_doc_ids[:3]}); serve the index `prepare` built "
-                        "(retriever.index_path, see bench.variant)"
-                    )
-            logger.info(
-                "[%d/%d] %s %s: %s",
-                len(results),
-                total,
-                point.name,
-                question.question_id,
-                result.error
-                or f"F1 {result.f1:.2f}, recall {result.recall:.0f}, TTFT {result.ttft_ms:.0f} ms",
-            )
+        results.append(result)
     return results
 
 
@@ -382,12 +440,16 @@ class PointSummary:
     citing_answers: int
     ttft_ms_median: float | None
     total_ms_median: float | None
+    # Answers that used the whole max_tokens: cut, or about to be (a cap so low that many
+    # answers reach it scores the cap, not the reader).
+    at_cap: int = 0
 
 
 def summarize(
-    results: Sequence[QuestionResult], points: Sequence[SweepPoint]
+    results: Sequence[QuestionResult], points: Sequence[SweepPoint], max_tokens: int | None = None
 ) -> list[PointSummary]:
-    """One PointSummary per point, in sweep order."""
+    """One PointSummary per point, in sweep order; `at_cap` counts answers of `max_tokens`
+    completion tokens or more."""
     summaries = []
     for point in points:
         mine = [r for r in results if r.point == point.name]
@@ -420,6 +482,13 @@ def summarize(
                 citing_answers=len(validities),
                 ttft_ms_median=median(r.ttft_ms for r in ok),
                 total_ms_median=median(r.total_ms for r in ok),
+                at_cap=sum(
+                    1
+                    for r in ok
+                    if max_tokens is not None
+                    and r.completion_tokens is not None
+                    and r.completion_tokens >= max_tokens
+                ),
             )
         )
     return summaries
@@ -439,10 +508,19 @@ def render_markdown(config: dict[str, Any], summaries: Sequence[PointSummary]) -
         f"service {config['url']}. Means are over answered requests; the kept ratio is total "
         "context tokens after / before; citation validity is over answers that cite.",
         "",
+        *(
+            [
+                "Stopped early: the rows hold the requests done before Ctrl-C "
+                "(`--resume` goes on).",
+                "",
+            ]
+            if config.get("stopped_early")
+            else []
+        ),
         "| point | answered | errors | EM | F1 | contains gold | recall@k | answer kept "
         "| context tokens before → kept | kept ratio | citation validity (citing) "
-        "| TTFT p50 ms | total p50 ms |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| TTFT p50 ms | total p50 ms | at max_tokens |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for s in summaries:
         lines.append(
@@ -451,7 +529,8 @@ def render_markdown(config: dict[str, Any], summaries: Sequence[PointSummary]) -
             f"| {_fmt(s.answer_survival)} "
             f"| {_fmt(s.context_tokens_before_mean, 0)} → {_fmt(s.context_tokens_kept_mean, 0)} "
             f"| {_fmt(s.kept_ratio, 2)} | {_fmt(s.citation_validity)} ({s.citing_answers}) "
-            f"| {_fmt(s.ttft_ms_median, 0)} | {_fmt(s.total_ms_median, 0)} |"
+            f"| {_fmt(s.ttft_ms_median, 0)} | {_fmt(s.total_ms_median, 0)} "
+            f"| {s.at_cap}/{s.answered} |"
         )
     return "\n".join(lines) + "\n"
 
@@ -541,6 +620,12 @@ class RunSettings:
     squad_file: Path | None = None
     # "short" (the answer span: EM/F1 mean what they say) or "explained".
     answer_style: str = "explained"
+    # Only the sweep's points of these methods; empty: all of them.
+    methods: tuple[str, ...] = ()
+    # Question by question, points in ABBA turn (sweep_order), instead of point by point.
+    interleave: bool = False
+    # Go on from the checkpoint an unfinished run of the same sample left.
+    resume: bool = False
 
 
 def run_quality(
@@ -551,34 +636,62 @@ def run_quality(
     `client` is used as given (its base URL is the service); the key, when given, goes in an
     `Authorization: Bearer` header on each query. Raises QualityError if the cached SQuAD set
     is missing, the service is not ready, or it serves another index.
+
+    Each result is appended to `checkpoint_path` as it comes; `resume` starts from what an
+    unfinished run left there. Ctrl-C stops the sweep and still writes the outputs, marked
+    `stopped_early` (the checkpoint stays, for `--resume`); a finished run removes it.
     """
     squad_path = settings.squad_file or settings.cache_dir / SQUAD_DEV_FILENAME
     if not squad_path.is_file():
         raise QualityError(f"{squad_path} not found; run `python -m bench.quality prepare`")
     squad = load_squad(squad_path)
     questions = sample_questions(squad, settings.questions, settings.seed)
-    points = SWEEPS[settings.sweep]
+    points = select_points(settings.sweep, settings.methods)
     check_ready(client, settings.timeout_s)
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else None
+    settings.out_dir.mkdir(parents=True, exist_ok=True)
+    checkpoint = checkpoint_path(settings.out_dir, settings.label)
+    results = read_checkpoint(checkpoint, points, questions) if settings.resume else []
+    if not settings.resume:
+        checkpoint.unlink(missing_ok=True)
+    done = {(r.point, r.question_id) for r in results}
+    requests = [
+        (point, question)
+        for point, question in sweep_order(questions, points, settings.interleave)
+        if (point.name, question.question_id) not in done
+    ]
     logger.info(
-        "%d questions x %d points = %d requests, one at a time",
+        "%d questions x %d points: %d requests to send, one at a time (%d from %s)",
         len(questions),
         len(points),
-        len(questions) * len(points),
+        len(requests),
+        len(results),
+        checkpoint,
     )
     started_at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     started = time.perf_counter()
-    results = run_sweep(
-        client,
-        questions,
-        points,
-        settings.max_tokens,
-        settings.timeout_s,
-        {paragraph.paragraph_id for paragraph in squad.paragraphs},
-        headers,
-        settings.answer_style,
-    )
-    summaries = summarize(results, points)
+    resumed = len(results)
+    stopped_early = False
+    try:
+        with checkpoint.open("a", encoding="utf-8") as sink:
+            for result in iter_sweep(
+                client,
+                requests,
+                settings.max_tokens,
+                settings.timeout_s,
+                {paragraph.paragraph_id for paragraph in squad.paragraphs},
+                headers,
+                settings.answer_style,
+            ):
+                results.append(result)
+                sink.write(json.dumps(asdict(result)) + "\n")
+                sink.flush()
+    except KeyboardInterrupt:
+        stopped_early = True
+        logger.warning(
+            "stopped early: %d of %d requests done", len(results), len(done) + len(requests)
+        )
+    summaries = summarize(results, points, settings.max_tokens)
     config = {
         **{
             key: str(value) if isinstance(value, Path) else value
@@ -590,8 +703,22 @@ def run_quality(
         "points": [{**asdict(point), "name": point.name} for point in points],
         "started_at": started_at,
         "elapsed_s": round(time.perf_counter() - started, 1),
+        "resumed_results": resumed,
+        "stopped_early": stopped_early,
     }
-    return write_outputs(settings.out_dir, settings.label, config, results, summaries)
+    written = write_outputs(settings.out_dir, settings.label, config, results, summaries)
+    if not stopped_early:
+        checkpoint.unlink(missing_ok=True)
+    return written
+
+
+def select_points(sweep: str, methods: Sequence[str] = ()) -> tuple[SweepPoint, ...]:
+    """The sweep's points, only those of `methods` when any are named (QualityError when
+    that leaves none)."""
+    points = tuple(p for p in SWEEPS[sweep] if not methods or p.method in methods)
+    if not points:
+        raise QualityError(f"sweep {sweep!r} has no point of the methods {list(methods)}")
+    return points
 
 
 @dataclass(frozen=True)
@@ -720,6 +847,23 @@ def _parser() -> argparse.ArgumentParser:
         help="short: the answer span (EM/F1); explained: scored by contains-gold",
     )
     run_parser.add_argument(
+        "--methods",
+        nargs="+",
+        choices=("none", "sentences", "llmlingua", "sentences+llmlingua"),
+        default=(),
+        help="only the sweep's points of these compression methods",
+    )
+    run_parser.add_argument(
+        "--interleave",
+        action="store_true",
+        help="question by question, the points in ABBA turn (default: point by point)",
+    )
+    run_parser.add_argument(
+        "--resume",
+        action="store_true",
+        help="go on from <out>/<label>.partial.jsonl, which an unfinished run left",
+    )
+    run_parser.add_argument(
         "--timeout-s", type=positive_float, default=DEFAULT_TIMEOUT_S, help="per request"
     )
     run_parser.add_argument("--cache", type=Path, default=DEFAULT_CACHE_DIR)
@@ -777,6 +921,9 @@ def _main_run(args: argparse.Namespace, client: httpx.Client | None) -> int:
         cache_dir=args.cache,
         squad_file=args.squad_file,
         answer_style=args.answer_style,
+        methods=tuple(args.methods),
+        interleave=args.interleave,
+        resume=args.resume,
     )
     written = with_client(
         args.url, args.timeout_s, client, lambda http: run_quality(settings, http, args.api_key)

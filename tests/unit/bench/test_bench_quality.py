@@ -423,6 +423,12 @@ def test_sweeps_hold_the_points_asked_for():
     assert {(m, r, 3) for m, r in methods} <= full
     assert {("none", None, 5), ("sentences", 0.5, 5), ("llmlingua", 0.5, 5)} <= full
     assert {(p.method, p.rate) for p in SWEEPS["qwen"]} <= set(methods)
+    # The reader comparison: one point per method at top-5, rate 0.5.
+    assert [p.name for p in SWEEPS["reader"]] == [
+        "none k=5",
+        "sentences@0.5 k=5",
+        "llmlingua@0.5 k=5",
+    ]
     assert SweepPoint("sentences+llmlingua", 0.33, 5).compression() == {
         "method": "sentences+llmlingua",
         "rate": 0.33,
@@ -584,3 +590,109 @@ def test_any_squad_format_file_can_be_prepared_and_run(tmp_path, monkeypatch, fa
     out = tmp_path / "out"
     assert _run(FakeService(), empty_cache, out, "--squad-file", str(other)) == 0
     assert json.loads((out / "tiny.json").read_text())["results"]
+
+
+# --- interleaving, method subsets, checkpoint and resume ------------------------------------
+
+
+def _asked(service: FakeService) -> list[tuple[str, str]]:
+    bodies = [json.loads(r.content) for r in service.queries]
+    return [(b["compression"]["method"], b["question"]) for b in bodies]
+
+
+def test_interleave_asks_question_by_question_with_the_points_in_abba_turn(squad_cache, tmp_path):
+    service = FakeService()
+    assert _run(service, squad_cache, tmp_path / "out", "--interleave") == 0
+
+    asked = _asked(service)
+    questions = [question for _, question in asked[::3]]
+    assert sorted(questions) == sorted([WHERE, WHEN, END])
+    forwards = ["none", "sentences", "llmlingua"]
+    assert asked == [
+        (method, question)
+        for i, question in enumerate(questions)
+        for method in (forwards if i % 2 == 0 else forwards[::-1])
+    ]
+
+
+def test_methods_keep_only_those_points_of_the_sweep(squad_cache, tmp_path):
+    service = FakeService()
+    assert _run(service, squad_cache, tmp_path / "out", "--methods", "none", "sentences") == 0
+
+    assert {method for method, _ in _asked(service)} == {"none", "sentences"}
+    report = json.loads((tmp_path / "out" / "tiny.json").read_text())
+    assert [s["point"] for s in report["summary"]] == ["none k=3", "sentences@0.5 k=3"]
+    with pytest.raises(quality.QualityError, match="no point of the methods"):
+        quality.select_points("quick", ["sentences+llmlingua"])
+
+
+class InterruptedService(FakeService):
+    """Answers `answers` queries, then the operator presses Ctrl-C."""
+
+    def __init__(self, answers: int) -> None:
+        super().__init__()
+        self.answers = answers
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        if request.url.path != "/readyz" and len(self.queries) >= self.answers:
+            raise KeyboardInterrupt
+        return super().__call__(request)
+
+
+def test_ctrl_c_writes_what_was_done_and_resume_asks_only_the_rest(squad_cache, tmp_path):
+    out = tmp_path / "out"
+    first = InterruptedService(answers=4)
+    assert _run(first, squad_cache, out, "--interleave") == 0
+
+    stopped = json.loads((out / "tiny.json").read_text())
+    assert stopped["config"]["stopped_early"] is True
+    assert len(stopped["results"]) == 4
+    assert "Stopped early" in (out / "tiny.md").read_text()
+    checkpoint = out / "tiny.partial.jsonl"
+    assert len(checkpoint.read_text().splitlines()) == 4
+
+    second = FakeService()
+    assert _run(second, squad_cache, out, "--interleave", "--resume") == 0
+
+    done_first = _asked(first)[:4]
+    assert len(second.queries) == 5
+    assert not set(_asked(second)) & set(done_first)
+    finished = json.loads((out / "tiny.json").read_text())
+    assert finished["config"]["stopped_early"] is False
+    assert finished["config"]["resumed_results"] == 4
+    assert len(finished["results"]) == 9
+    assert len({(r["point"], r["question_id"]) for r in finished["results"]}) == 9
+    assert not checkpoint.exists()
+
+
+def test_a_run_without_resume_starts_afresh(squad_cache, tmp_path):
+    out = tmp_path / "out"
+    assert _run(InterruptedService(answers=2), squad_cache, out) == 0
+    service = FakeService()
+    assert _run(service, squad_cache, out) == 0
+    assert len(service.queries) == 9
+    assert not (out / "tiny.partial.jsonl").exists()
+
+
+def test_resume_refuses_a_checkpoint_of_another_sample(squad_cache, tmp_path, capsys):
+    out = tmp_path / "out"
+    assert _run(InterruptedService(answers=3), squad_cache, out, "--interleave") == 0
+    checkpoint = out / "tiny.partial.jsonl"
+    row = json.loads(checkpoint.read_text().splitlines()[0])
+    checkpoint.write_text(json.dumps({**row, "question_id": "q-elsewhere"}) + "\n")
+
+    service = FakeService()
+    assert _run(service, squad_cache, out, "--resume") == 1
+    assert "q-elsewhere is not in this run's sample" in capsys.readouterr().err
+    assert service.queries == []
+
+
+def test_answers_that_reach_max_tokens_are_counted(squad_cache, tmp_path):
+    out = tmp_path / "out"
+    # The fake service's answers are 4 completion tokens long.
+    assert _run(FakeService(), squad_cache, out, "--max-tokens", "4") == 0
+    capped = json.loads((out / "tiny.json").read_text())["summary"]
+    assert [(s["at_cap"], s["answered"]) for s in capped] == [(3, 3), (3, 3), (2, 2)]
+    assert _run(FakeService(), squad_cache, out, "--max-tokens", "5") == 0
+    uncapped = json.loads((out / "tiny.json").read_text())["summary"]
+    assert [s["at_cap"] for s in uncapped] == [0, 0, 0]
