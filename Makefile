@@ -167,11 +167,15 @@ eval-quick: setup
 	$(BIN)/python -m bench.suite --plan eval-quick --out bench-results/eval-quick
 
 # Quality lab, full sweep: 9 settings x 40 questions with SmolLM2, 5 x 20 with the Qwen reader
-# (about an hour).
-eval: setup models-qwen
+# (about an hour), then the headline: 200 random questions read by the 1.5B, none vs
+# sentences@0.5 (about an hour more; stopped with Ctrl-C it keeps what it has and goes on
+# from there when run again), and the paired intervals over all of them.
+eval: setup models-qwen models-qwen15
 	$(BIN)/python -m bench.quality prepare
 	$(BIN)/python -m bench.suite --plan eval-full --out bench-results/eval-full
 	$(BIN)/python -m bench.suite --plan eval-qwen --out bench-results/eval-qwen
+	$(BIN)/python -m bench.suite --plan eval-qwen15 --out bench-results/eval-qwen15
+	$(BIN)/python -m bench.intervals --results bench-results --out bench-results/intervals
 
 # Conversations and citations (about 35 minutes here): follow-up retrieval on 100 SQuAD
 # pairs (full / last / join / rewrite) and citation precision on 100 random SQuAD dev

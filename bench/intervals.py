@@ -607,6 +607,10 @@ QUALITY_RUNS = (
         "Qwen2.5-Coder-0.5B as reader, 20 questions",
     ),
     ("eval-quick/squad-quick-25q.json", "The quick plan, 25 questions"),
+    (
+        "eval-qwen15/squad-reader-200q-qwen2.5-coder-1.5b-instruct-none-sentences.json",
+        "Qwen2.5-Coder-1.5B as reader, short answers, top-5, 200 random questions",
+    ),
 )
 # Comparisons the prose makes beyond "each setting against none at the same k".
 QUALITY_EXTRA = (
@@ -616,7 +620,11 @@ QUALITY_EXTRA = (
     ("sentences+llmlingua@0.33 k=3", "llmlingua@0.33 k=3"),
 )
 QUALITY_SCORES: dict[str, Metric] = {
+    "EM": lambda r: r.get("exact_match"),
     "F1": lambda r: r.get("f1"),
+    "contains gold": lambda r: (
+        None if r.get("contains_gold") is None else float(r["contains_gold"])
+    ),
     "answer kept": lambda r: (
         None if r.get("answer_survived") is None else float(r["answer_survived"])
     ),
@@ -652,7 +660,7 @@ def quality_section(section: Section, doc: Mapping[str, Any]) -> Section:
         rows.append(row)
     section.lines += ["Per setting, mean [95% CI] (TTFT: median ms):", ""]
     section.lines += _table(
-        ["setting", "n", "F1", "answer kept", "recall@k", "TTFT p50 ms"],
+        ["setting", "n", *QUALITY_SCORES, "TTFT p50 ms"],
         [
             [r["label"], str(r["n"])]
             + [fmt_value(r[s], 3) for s in QUALITY_SCORES]
@@ -692,7 +700,7 @@ def quality_section(section: Section, doc: Mapping[str, Any]) -> Section:
         "",
     ]
     section.lines += _table(
-        ["a − b", "n", "F1", "answer kept", "recall@k", "TTFT a / b"],
+        ["a − b", "n", *QUALITY_SCORES, "TTFT a / b"],
         [
             [c["label"], str(c["n"])]
             + [fmt_changes(fmt_difference(c[s]), c[f"{s}_changes"]) for s in QUALITY_SCORES]

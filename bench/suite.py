@@ -129,6 +129,11 @@ QWEN_GENERATOR: dict[str, object] = {
     "generator.model_id": "qwen2.5-coder-0.5b-instruct",
     "generator.model_source": ".models/qwen2.5-coder-0.5b-instruct",
 }
+# make models-qwen15.
+QWEN15_GENERATOR: dict[str, object] = {
+    "generator.model_id": "qwen2.5-coder-1.5b-instruct",
+    "generator.model_source": ".models/qwen2.5-coder-1.5b-instruct",
+}
 
 
 @dataclass(frozen=True)
@@ -138,6 +143,10 @@ class QualityPlan:
     max_tokens: int
     index_path: str = "indexes/squad-dev"
     overrides: dict[str, object] = field(default_factory=dict)
+    answer_style: str = "explained"
+    # bench.quality run's --methods and --interleave.
+    methods: tuple[str, ...] = ()
+    interleave: bool = False
 
 
 QUALITY_PLANS: dict[str, QualityPlan] = {
@@ -146,11 +155,25 @@ QUALITY_PLANS: dict[str, QualityPlan] = {
     "eval-full": QualityPlan(questions=40, sweep="full", max_tokens=24),
     # The larger reader (make models-qwen): a 135M model's weak answers hide differences.
     "eval-qwen": QualityPlan(questions=20, sweep="qwen", max_tokens=24, overrides=QWEN_GENERATOR),
+    # The headline comparison (issue 13): 200 random questions, the answer span only, top-5,
+    # read by the 1.5B; none and sentences asked in ABBA turn. One request at a time, so the
+    # reader's OpenMP threads take both cores (prefill 1.85x faster than the default binding
+    # here, n=4 prompts). About 8 s a question.
+    "eval-qwen15": QualityPlan(
+        questions=200,
+        sweep="reader",
+        max_tokens=32,
+        overrides={**QWEN15_GENERATOR, "generator.cpu_binding": ["0-1"]},
+        answer_style="short",
+        methods=("none", "sentences"),
+        interleave=True,
+    ),
 }
 
 
 def run_quality(plan: QualityPlan, out_dir: Path, base_config: Path) -> Path:
-    """Serve the SQuAD index (bench.quality prepare builds it), score the sweep, stop."""
+    """Serve the SQuAD index (bench.quality prepare builds it), score the sweep, stop; a
+    run stopped early goes on where it stopped when started again (bench.quality --resume)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     port = free_port()
     overrides: dict[str, object] = {"retriever.index_path": plan.index_path, **plan.overrides}
@@ -158,12 +181,19 @@ def run_quality(plan: QualityPlan, out_dir: Path, base_config: Path) -> Path:
     label = f"squad-{plan.sweep}-{plan.questions}q"
     if plan.overrides.get("generator.model_id"):
         label += f"-{plan.overrides['generator.model_id']}"
+    if plan.methods:
+        label += "-" + "-".join(plan.methods)
     with running_service(config, port, out_dir / "squad.serve.log") as url:
         warm_up(url)
         argv = [
             "run", "--url", url, "--questions", str(plan.questions), "--sweep", plan.sweep,
             "--max-tokens", str(plan.max_tokens), "--out", str(out_dir), "--label", label,
+            "--answer-style", plan.answer_style, "--resume",
         ]  # fmt: skip
+        if plan.methods:
+            argv += ["--methods", *plan.methods]
+        if plan.interleave:
+            argv.append("--interleave")
         if quality.main(argv) != 0:
             logger.warning("quality run %s reported failures", label)
     return out_dir / f"{label}.md"
