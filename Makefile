@@ -17,7 +17,7 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export RAY_USAGE_STATS_ENABLED := 0
 
-.PHONY: setup install models models-qwen models-qwen15 index browser prometheus monitor dashboard kuberay-manifest gpu-costs gpu-smoke run test lint unit integration reliability chaos bench bench-quick eval eval-quick eval-chat stop clean
+.PHONY: setup install models models-qwen models-qwen15 index browser prometheus monitor dashboard kuberay-manifest gpu-costs gpu-smoke run test lint unit integration reliability chaos bench bench-speculative bench-quick eval eval-quick eval-chat stop clean
 
 setup: install models index
 
@@ -138,9 +138,9 @@ chaos: setup
 bench-quick: setup
 	$(BIN)/python -m bench.suite --plan quick --out bench-results/quick
 
-# Latency lab, full run (about 90 minutes here; docs/benchmarks.md): every ablation. The Qwen
+# Latency lab, full run (about two hours here; docs/benchmarks.md): every ablation. The Qwen
 # pairing needs `make models-qwen` and the context sweep the SQuAD index (bench.quality prepare).
-bench: setup models-qwen
+bench: setup models-qwen models-qwen15
 	$(BIN)/python -m bench.quality prepare
 	$(BIN)/python -m bench.suite --plan quick --out bench-results/quick
 	$(BIN)/python -m bench.llmlingua_speed --out bench-results/llmlingua-speed
@@ -159,7 +159,17 @@ bench: setup models-qwen
 	$(BIN)/python -m bench.thread_contention --out bench-results/thread-contention
 	$(BIN)/python -m bench.scale --out bench-results/scale
 	$(BIN)/python -m bench.suite --plan spec --out bench-results/spec
+	$(MAKE) bench-speculative
 	$(BIN)/python -m bench.intervals --results docs/results --out bench-results/intervals
+
+# Draft-model speculative decoding (about 40 minutes here): the 0.5B drafting for the 1.5B in
+# vLLM at concurrency 1 and 8, then transformers' assisted generate on 2 prompts only (plain
+# generate of the 1.5B takes about 100 s a prompt here: indicative, not a headline).
+bench-speculative: setup models-qwen models-qwen15
+	$(BIN)/python -m bench.speculative vllm --variant plain --out bench-results/speculative
+	$(BIN)/python -m bench.speculative vllm --variant draft --out bench-results/speculative
+	$(BIN)/python -m bench.speculative hf --n 2 --top-k 2 --out bench-results/speculative
+	$(BIN)/python -m bench.speculative report --out bench-results/speculative
 
 # Quality lab, quick plan: SQuAD dev indexed once (about 4 minutes), 25 questions x 3 settings.
 eval-quick: setup
