@@ -178,8 +178,8 @@ eval-quick: setup
 
 # Quality lab, full sweep: 9 settings x 40 questions with SmolLM2, 5 x 20 with the Qwen reader
 # (about an hour), then the headline: 200 random questions read by the 1.5B, none vs
-# sentences@0.5 (about an hour more; stopped with Ctrl-C it keeps what it has and goes on
-# from there when run again), and the paired intervals over all of them.
+# sentences@0.5 vs LLMLingua@0.5 (about 100 minutes more; Ctrl-C keeps what it has, and run
+# again it goes on from there), and the paired intervals over all of them.
 eval: setup models-qwen models-qwen15
 	$(BIN)/python -m bench.quality prepare
 	$(BIN)/python -m bench.suite --plan eval-full --out bench-results/eval-full

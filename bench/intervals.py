@@ -608,7 +608,7 @@ QUALITY_RUNS = (
     ),
     ("eval-quick/squad-quick-25q.json", "The quick plan, 25 questions"),
     (
-        "eval-qwen15/squad-reader-200q-qwen2.5-coder-1.5b-instruct-none-sentences.json",
+        "eval-qwen15/squad-reader-200q-qwen2.5-coder-1.5b-instruct.json",
         "Qwen2.5-Coder-1.5B as reader, short answers, top-5, 200 random questions",
     ),
 )

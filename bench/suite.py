@@ -156,16 +156,17 @@ QUALITY_PLANS: dict[str, QualityPlan] = {
     # The larger reader (make models-qwen): a 135M model's weak answers hide differences.
     "eval-qwen": QualityPlan(questions=20, sweep="qwen", max_tokens=24, overrides=QWEN_GENERATOR),
     # The headline comparison (issue 13): 200 random questions, the answer span only, top-5,
-    # read by the 1.5B; none and sentences asked in ABBA turn. One request at a time, so the
+    # read by the 1.5B; none, sentences@0.5 and LLMLingua@0.5 asked in turn per question
+    # (ABBA), so that drift falls on all three alike. max_tokens 64: at 32, 5 of 50 answers
+    # (the reader explaining despite the prompt) were cut. One request at a time, so the
     # reader's OpenMP threads take both cores (prefill 1.85x faster than the default binding
-    # here, n=4 prompts). About 8 s a question.
+    # here, n=4 prompts). About 30 s a question: 100 minutes.
     "eval-qwen15": QualityPlan(
         questions=200,
         sweep="reader",
-        max_tokens=32,
+        max_tokens=64,
         overrides={**QWEN15_GENERATOR, "generator.cpu_binding": ["0-1"]},
         answer_style="short",
-        methods=("none", "sentences"),
         interleave=True,
     ),
 }
