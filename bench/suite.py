@@ -144,8 +144,7 @@ class QualityPlan:
     index_path: str = "indexes/squad-dev"
     overrides: dict[str, object] = field(default_factory=dict)
     answer_style: str = "explained"
-    # bench.quality run's --methods and --interleave.
-    methods: tuple[str, ...] = ()
+    # bench.quality run's --interleave: question by question, the points in ABBA turn.
     interleave: bool = False
 
 
@@ -182,8 +181,6 @@ def run_quality(plan: QualityPlan, out_dir: Path, base_config: Path) -> Path:
     label = f"squad-{plan.sweep}-{plan.questions}q"
     if plan.overrides.get("generator.model_id"):
         label += f"-{plan.overrides['generator.model_id']}"
-    if plan.methods:
-        label += "-" + "-".join(plan.methods)
     with running_service(config, port, out_dir / "squad.serve.log") as url:
         warm_up(url)
         argv = [
@@ -191,8 +188,6 @@ def run_quality(plan: QualityPlan, out_dir: Path, base_config: Path) -> Path:
             "--max-tokens", str(plan.max_tokens), "--out", str(out_dir), "--label", label,
             "--answer-style", plan.answer_style, "--resume",
         ]  # fmt: skip
-        if plan.methods:
-            argv += ["--methods", *plan.methods]
         if plan.interleave:
             argv.append("--interleave")
         if quality.main(argv) != 0:
