@@ -619,16 +619,19 @@ QUALITY_EXTRA = (
     ("sentences+llmlingua@0.33 k=3", "sentences@0.33 k=3"),
     ("sentences+llmlingua@0.33 k=3", "llmlingua@0.33 k=3"),
 )
+
+
+def score(key: str) -> Metric:
+    """A per-question result's `key` as a number (a yes/no as 1 or 0); None when unscored."""
+    return lambda r: None if r.get(key) is None else float(r[key])
+
+
 QUALITY_SCORES: dict[str, Metric] = {
-    "EM": lambda r: r.get("exact_match"),
-    "F1": lambda r: r.get("f1"),
-    "contains gold": lambda r: (
-        None if r.get("contains_gold") is None else float(r["contains_gold"])
-    ),
-    "answer kept": lambda r: (
-        None if r.get("answer_survived") is None else float(r["answer_survived"])
-    ),
-    "recall@k": lambda r: r.get("recall"),
+    "EM": score("exact_match"),
+    "F1": score("f1"),
+    "contains gold": score("contains_gold"),
+    "answer kept": score("answer_survived"),
+    "recall@k": score("recall"),
 }
 
 
