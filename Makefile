@@ -138,7 +138,7 @@ chaos: setup
 bench-quick: setup
 	$(BIN)/python -m bench.suite --plan quick --out bench-results/quick
 
-# Latency lab, full run (about two hours here; docs/benchmarks.md): every ablation. The Qwen
+# Latency lab, full run (over two hours here; docs/benchmarks.md): every ablation. The Qwen
 # pairing needs `make models-qwen` and the context sweep the SQuAD index (bench.quality prepare).
 bench: setup models-qwen models-qwen15
 	$(BIN)/python -m bench.quality prepare
