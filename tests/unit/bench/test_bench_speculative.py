@@ -89,13 +89,13 @@ def test_summarize_hf_counts_acceptance_and_identical_outputs():
 def vllm_document(tpot: float, spec: dict[str, float], ids: list[int]) -> dict[str, object]:
     points = [{"concurrency": c, "wall_s": 10.0, "spec": spec,
                "rows": [request(tpot, ids) for _ in range(3)]} for c in (1, 8)]  # fmt: skip
-    return {"engine": "vllm", "points": points}
+    return {"engine": "vllm", "config": {"n": 3, "n8": 3}, "points": points}
 
 
 def test_summarize_vllm_pairs_points_and_reads_spec_counters():
     plain = vllm_document(100.0, {}, [1, 2])
     draft = vllm_document(80.0, {"accepted_tokens": 45.0, "draft_tokens": 60.0}, [1, 2])
-    points = speculative.summarize_vllm(plain, draft)
+    points = speculative.summarize_vllm([plain], [draft])
     assert [p["concurrency"] for p in points] == [1, 8]
     assert points[0]["acceptance"] == pytest.approx(0.75)
     assert points[0]["tpot_speedup"]["estimate"] == pytest.approx(1.25)
@@ -120,3 +120,53 @@ def test_report_step_writes_summary_from_saved_runs(tmp_path):
 def test_speedup_ci_leaves_out_pairs_without_a_tpot():
     interval = speculative.speedup_ci([200.0, None, 300.0], [100.0, 50.0, None])
     assert interval.n == 1 and interval.estimate == pytest.approx(2.0)
+
+
+def test_blocks_are_consecutive_slices_of_one_order():
+    order = [f"q{i}" for i in range(10)]
+    assert speculative.block_slice(order, None, 4) == order[:4]
+    assert speculative.block_slice(order, 0, 4) == order[:4]
+    assert speculative.block_slice(order, 1, 4) == order[4:8]
+    assert speculative.vllm_file("plain", None) == "vllm-plain.json"
+    assert speculative.vllm_file("draft", 1) == "vllm-draft-b1.json"
+
+
+def test_join_blocks_concatenates_rows_and_sums_wall_time_and_counters():
+    first = vllm_document(100.0, {"accepted_tokens": 3.0, "draft_tokens": 6.0}, [1])
+    second = vllm_document(50.0, {"accepted_tokens": 1.0, "draft_tokens": 2.0}, [2])
+    joined = speculative.join_blocks([first, second])
+    assert [p["concurrency"] for p in joined] == [1, 8]
+    assert [r["tpot_ms"] for r in joined[0]["rows"]] == [100.0] * 3 + [50.0] * 3
+    assert joined[0]["wall_s"] == pytest.approx(20.0)
+    assert joined[0]["spec"] == {"accepted_tokens": 4.0, "draft_tokens": 8.0}
+
+
+def test_report_pairs_blocks_by_name_and_leaves_out_a_lone_block(tmp_path, capsys):
+    spec = {"accepted_tokens": 1.0, "draft_tokens": 2.0}
+    for block, (plain_tpot, draft_tpot) in enumerate(((100.0, 50.0), (300.0, 100.0))):
+        (tmp_path / f"vllm-plain-b{block}.json").write_text(
+            json.dumps(vllm_document(plain_tpot, {}, [block]))
+        )
+        (tmp_path / f"vllm-draft-b{block}.json").write_text(
+            json.dumps(vllm_document(draft_tpot, spec, [block]))
+        )
+    (tmp_path / "vllm-plain-b2.json").write_text(json.dumps(vllm_document(1.0, {}, [7])))
+    plain, draft = speculative.load_vllm_runs(tmp_path)
+    assert len(plain) == len(draft) == 2
+    assert "'-b2' has one variant only" in capsys.readouterr().err
+    points = speculative.summarize_vllm(plain, draft)
+    assert points[0]["n"] == 6 and points[0]["blocks"] == 2
+    assert points[0]["identical"] == 6
+    assert points[0]["acceptance"] == pytest.approx(0.5)
+    ratios = sorted([2.0] * 3 + [3.0] * 3)
+    assert points[0]["tpot_speedup"]["estimate"] == pytest.approx(math.sqrt(ratios[2] * ratios[3]))
+
+
+def test_report_refuses_to_join_runs_of_different_settings(tmp_path):
+    for variant in ("plain", "draft"):
+        (tmp_path / f"vllm-{variant}-b0.json").write_text(json.dumps(vllm_document(100.0, {}, [1])))
+    other = vllm_document(100.0, {}, [1]) | {"config": {"n": 20, "n8": 24}}
+    (tmp_path / "vllm-plain.json").write_text(json.dumps(other))
+    (tmp_path / "vllm-draft.json").write_text(json.dumps(other))
+    with pytest.raises(SystemExit, match="different settings"):
+        speculative.load_vllm_runs(tmp_path)
