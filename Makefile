@@ -186,12 +186,14 @@ eval-quick: setup
 # Quality lab, full sweep: 9 settings x 40 questions with SmolLM2, 5 x 20 with the Qwen reader
 # (about an hour), then the headline: 200 random questions read by the 1.5B, none vs
 # sentences@0.5 vs LLMLingua@0.5 (about 100 minutes more; Ctrl-C keeps what it has, and run
-# again it goes on from there), and the paired intervals over all of them.
+# again it goes on from there), the same 200 read by the 0.5B, and the paired intervals over
+# all of them.
 eval: setup models-qwen models-qwen15
 	$(BIN)/python -m bench.quality prepare
 	$(BIN)/python -m bench.suite --plan eval-full --out bench-results/eval-full
 	$(BIN)/python -m bench.suite --plan eval-qwen --out bench-results/eval-qwen
 	$(BIN)/python -m bench.suite --plan eval-qwen15 --out bench-results/eval-qwen15
+	$(BIN)/python -m bench.suite --plan eval-qwen05 --out bench-results/eval-qwen05
 	$(BIN)/python -m bench.intervals --results bench-results --out bench-results/intervals
 
 # Conversations and citations (about 35 minutes here): follow-up retrieval on 100 SQuAD

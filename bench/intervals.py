@@ -611,7 +611,18 @@ QUALITY_RUNS = (
         "eval-qwen15/squad-reader-200q-qwen2.5-coder-1.5b-instruct.json",
         "Qwen2.5-Coder-1.5B as reader, short answers, top-5, 200 random questions",
     ),
+    (
+        "eval-qwen05/squad-reader-200q-qwen2.5-coder-0.5b-instruct.json",
+        "Qwen2.5-Coder-0.5B as reader, short answers, top-5, the same 200 questions",
+    ),
 )
+# Two readers on the same questions: (stronger run, weaker run, title, sweep points).
+READER_PAIRS = (
+    (QUALITY_RUNS[1][0], QUALITY_RUNS[0][0], "Qwen2.5-Coder-0.5B against SmolLM2-135M",
+     ("none k=3",)),
+    (QUALITY_RUNS[3][0], QUALITY_RUNS[4][0], "Qwen2.5-Coder-1.5B against the 0.5B, 200 questions",
+     ("none k=5", "sentences@0.5 k=5", "llmlingua@0.5 k=5")),
+)  # fmt: skip
 # Comparisons the prose makes beyond "each setting against none at the same k".
 QUALITY_EXTRA = (
     ("none k=5", "none k=3"),
@@ -722,7 +733,8 @@ def reader_comparison(
     section: Section, stronger: Mapping[str, Any], weaker: Mapping[str, Any], point: str
 ) -> Section:
     """The same sweep point read by two readers, paired by question (the questions both
-    answered): mean F1 of each on those questions and the mean difference."""
+    answered): mean F1 of each on those questions and the mean difference, kept under the
+    point's name in `section.data`."""
     answered = [
         {
             r["question_id"]: r
@@ -747,8 +759,8 @@ def reader_comparison(
             ]
         ],
     )
-    section.data = {
-        "point": point,
+    section.lines.append("")
+    section.data[point] = {
         "n": len(shared),
         "stronger": _interval_dict(means[0]),
         "weaker": _interval_dict(means[1]),
@@ -777,7 +789,6 @@ NOT_STORED = (
 
 def all_sections(results: Path) -> list[Section]:
     """Every section whose raw results are present under `results`, in the docs' order."""
-    qwen, smollm2 = QUALITY_RUNS[1][0], QUALITY_RUNS[0][0]
     makers: list[tuple[tuple[str, ...], Callable[[], Section]]] = [
         (("quick/prefix-none-c1.json",), partial(quick_plan, results)),
         (("llmlingua-speed/llmlingua-speed.json",), partial(llmlingua_speed, results)),
@@ -794,19 +805,26 @@ def all_sections(results: Path) -> list[Section]:
         (("spec/spec-c1.json",), partial(ngram_speculation, results)),
     ]
     makers += [((path,), partial(quality, results, path, title)) for path, title in QUALITY_RUNS]
-    makers.append(((qwen, smollm2), partial(reader_comparison_of, results, qwen, smollm2)))
+    makers += [
+        (
+            (stronger, weaker),
+            partial(reader_comparison_of, results, stronger, weaker, title, points),
+        )
+        for stronger, weaker, title, points in READER_PAIRS
+    ]
     return [make() for paths, make in makers if all((results / p).exists() for p in paths)]
 
 
-def reader_comparison_of(results: Path, stronger: str, weaker: str) -> Section:
+def reader_comparison_of(
+    results: Path, stronger: str, weaker: str, title: str, points: Sequence[str]
+) -> Section:
     section = Section(
-        "quality.md",
-        "Qwen2.5-Coder-0.5B against SmolLM2-135M as reader",
-        f"docs/results/{stronger}, docs/results/{weaker}",
+        "quality.md", f"{title} as reader", f"docs/results/{stronger}, docs/results/{weaker}"
     )
-    return reader_comparison(
-        section, _load(results / stronger), _load(results / weaker), "none k=3"
-    )
+    docs = _load(results / stronger), _load(results / weaker)
+    for point in points:
+        reader_comparison(section, *docs, point)
+    return section
 
 
 def render(sections: Sequence[Section]) -> str:

@@ -168,6 +168,16 @@ QUALITY_PLANS: dict[str, QualityPlan] = {
         answer_style="short",
         interleave=True,
     ),
+    # The same 200 questions, settings and order read by the 0.5B: the headline per reader,
+    # and the two readers paired question by question (bench.intervals).
+    "eval-qwen05": QualityPlan(
+        questions=200,
+        sweep="reader",
+        max_tokens=64,
+        overrides={**QWEN_GENERATOR, "generator.cpu_binding": ["0-1"]},
+        answer_style="short",
+        interleave=True,
+    ),
 }
 
 

@@ -288,8 +288,8 @@ def test_reader_comparison_pairs_the_shared_questions():
 
     section = reader_comparison(Section("quality.md", "t", "s"), strong, weak, "none k=3")
 
-    assert section.data["n"] == 2
-    assert section.data["difference"]["estimate"] == pytest.approx(0.4)
+    assert section.data["none k=3"]["n"] == 2
+    assert section.data["none k=3"]["difference"]["estimate"] == pytest.approx(0.4)
 
 
 # --- the command ------------------------------------------------------------------------------
