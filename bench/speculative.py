@@ -386,6 +386,8 @@ def summarize_vllm(
             "concurrency": p["concurrency"],
             "plain": point_summary(pt, p["wall_s"]), "draft": point_summary(dt, d["wall_s"]),
             "tpot_speedup": _interval(speedup_ci(*([r["tpot_ms"] for r in x] for x in (pt, dt)))),
+            "ttft_speedup": _interval(speedup_ci(*([r["ttft_ms"] for r in x] for x in (pt, dt)))),
+            "e2e_speedup": _interval(speedup_ci(*([r["e2e_ms"] for r in x] for x in (pt, dt)))),
             "throughput_ratio": stats.per_s(sum(r["tokens"] for r in dt), d["wall_s"])
             / stats.per_s(sum(r["tokens"] for r in pt), p["wall_s"]),
             "acceptance": acceptance(int(d["spec"].get("accepted_tokens", 0)),
@@ -426,7 +428,8 @@ def markdown(hf: dict[str, Any] | None, vllm: list[dict[str, Any]] | None, comma
                      "batch size 1 only: no concurrency-8 point.")  # fmt: skip
     for p in vllm or []:
         lines.append(f"vLLM C={p['concurrency']}: output tok/s draft/plain "
-                     f"x{p['throughput_ratio']:.2f}.")  # fmt: skip
+                     f"x{p['throughput_ratio']:.2f}; TTFT speed-up {_ci(p['ttft_speedup'])}; "
+                     f"E2E speed-up {_ci(p['e2e_speedup'])}.")  # fmt: skip
     return "\n".join(lines) + "\n"
 
 

@@ -101,6 +101,8 @@ def test_summarize_vllm_pairs_points_and_reads_spec_counters():
     assert points[0]["tpot_speedup"]["estimate"] == pytest.approx(1.25)
     assert points[0]["identical"] == 3
     assert points[0]["throughput_ratio"] == pytest.approx(1.0)
+    assert points[0]["ttft_speedup"]["estimate"] == pytest.approx(1.0)
+    assert points[0]["e2e_speedup"]["estimate"] == pytest.approx((50 + 1000) / (50 + 800))
 
 
 def test_report_step_writes_summary_from_saved_runs(tmp_path):
