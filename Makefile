@@ -162,7 +162,7 @@ bench: setup models-qwen models-qwen15
 	$(MAKE) bench-speculative
 	$(BIN)/python -m bench.intervals --results docs/results --out bench-results/intervals
 
-# Draft-model speculative decoding (about an hour here): the 0.5B drafting for the 1.5B in
+# Draft-model speculative decoding (about 45 minutes here): the 0.5B drafting for the 1.5B in
 # vLLM at concurrency 1 and 8 on 32 SQuAD prompts a point, the variants alternating in
 # blocks of 16 (plain, draft, draft, plain) so drift does not favour one; then transformers'
 # assisted generate on 2 prompts only (plain generate of the 1.5B takes about 100 s a prompt
