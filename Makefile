@@ -17,7 +17,7 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export RAY_USAGE_STATS_ENABLED := 0
 
-.PHONY: setup install models models-qwen models-qwen15 index browser prometheus monitor dashboard kuberay-manifest gpu-costs gpu-smoke run test lint unit integration reliability chaos bench bench-speculative bench-quick eval eval-quick eval-chat stop clean
+.PHONY: setup install models models-qwen models-qwen15 index browser prometheus monitor dashboard kuberay-manifest gpu-costs gpu-smoke run test lint unit integration reliability chaos bench bench-prefix bench-speculative bench-quick eval eval-quick eval-chat stop clean
 
 setup: install models index
 
@@ -159,8 +159,18 @@ bench: setup models-qwen models-qwen15
 	$(BIN)/python -m bench.thread_contention --out bench-results/thread-contention
 	$(BIN)/python -m bench.scale --out bench-results/scale
 	$(BIN)/python -m bench.suite --plan spec --out bench-results/spec
+	$(MAKE) bench-prefix
 	$(MAKE) bench-speculative
-	$(BIN)/python -m bench.intervals --results docs/results --out bench-results/intervals
+	$(BIN)/python -m bench.intervals --results bench-results --out bench-results/intervals
+
+# The prefix cache's TTFT on 40 random SQuAD questions (about 20 minutes here): four fresh
+# services, cache off, on, on, off, so drift falls on both sides alike.
+bench-prefix: setup
+	$(BIN)/python -m bench.quality prepare
+	$(BIN)/python -m bench.suite --plan prefix-off --out bench-results/prefix/off-1
+	$(BIN)/python -m bench.suite --plan prefix-on --out bench-results/prefix/on-1
+	$(BIN)/python -m bench.suite --plan prefix-on --out bench-results/prefix/on-2
+	$(BIN)/python -m bench.suite --plan prefix-off --out bench-results/prefix/off-2
 
 # Draft-model speculative decoding (about 45 minutes here): the 0.5B drafting for the 1.5B in
 # vLLM at concurrency 1 and 8 on 32 SQuAD prompts a point, the variants alternating in

@@ -398,6 +398,57 @@ def ngram_speculation(results: Path) -> Section:
     return latency_section(section, runs, SPEC_LABELS, SPEC_COMPARISONS, "question", "question")
 
 
+PREFIX_RUNS = ("off-1", "on-1", "on-2", "off-2")  # make bench-prefix's order
+PREFIX_FILE = "squad-prefix-40q.json"
+
+
+def question_ttfts(doc: Mapping[str, Any]) -> dict[str, float]:
+    """TTFT per question id of a one-point quality run's answered questions."""
+    return {
+        r["question_id"]: r["ttft_ms"]
+        for r in doc["results"]
+        if r.get("error") is None and r.get("ttft_ms") is not None
+    }
+
+
+def prefix_cache(results: Path) -> Section:
+    """The prefix cache off against on, four fresh services in ABBA order: each run's
+    median TTFT, each repetition's paired ratio, and the ratio of the per-question means
+    of the two runs a side (which cancels a linear drift)."""
+    section = Section(
+        "benchmarks.md",
+        "The prefix cache, 40 SQuAD questions, services off/on/on/off",
+        f"docs/results/prefix/*/{PREFIX_FILE}",
+    )
+    runs = {name: question_ttfts(_load(results / "prefix" / name / PREFIX_FILE))
+            for name in PREFIX_RUNS}  # fmt: skip
+    rows = [[name, str(len(t)), fmt_value(one_sample(t.values()), 0)] for name, t in runs.items()]
+    section.lines += ["TTFT per run (median ms [95% CI]):", ""]
+    section.lines += [*_table(["run", "n", "TTFT p50 ms"], rows), ""]
+    shared = [q for q in runs["off-1"] if all(q in t for t in runs.values())]
+
+    def mean_of(*names: str) -> dict[str, float]:
+        return {q: sum(runs[n][q] for n in names) / len(names) for q in shared}
+
+    ratios = {
+        "on-1 / off-1": paired_ratio((runs["on-1"][q], runs["off-1"][q]) for q in shared),
+        "on-2 / off-2": paired_ratio((runs["on-2"][q], runs["off-2"][q]) for q in shared),
+    }
+    on, off = mean_of("on-1", "on-2"), mean_of("off-1", "off-2")
+    ratios["on / off (mean of two runs a side)"] = paired_ratio((on[q], off[q]) for q in shared)
+    section.lines += ["Paired by question, median per-question TTFT ratio:", ""]
+    section.lines += _table(
+        ["ratio", "n", "TTFT on / off"],
+        [[name, str(len(shared)), fmt_ratio(r)] for name, r in ratios.items()],
+    )
+    section.data = {
+        "runs": {name: _interval_dict(one_sample(t.values())) for name, t in runs.items()},
+        "ratios": {name: _interval_dict(r) for name, r in ratios.items()},
+        "n": len(shared),
+    }
+    return section
+
+
 def direct_comparison(results: Path) -> Section:
     doc = _load(results / "direct" / "direct.json")
     runs = {"pipeline": doc["pipeline"]["records"], "direct": doc["direct"]["records"]}
@@ -803,6 +854,10 @@ def all_sections(results: Path) -> list[Section]:
         (("direct/direct.json",), partial(direct_comparison, results)),
         (("batching/batching.json",), partial(batching, results)),
         (("spec/spec-c1.json",), partial(ngram_speculation, results)),
+        (
+            tuple(f"prefix/{name}/{PREFIX_FILE}" for name in PREFIX_RUNS),
+            partial(prefix_cache, results),
+        ),
     ]
     makers += [((path,), partial(quality, results, path, title)) for path, title in QUALITY_RUNS]
     makers += [

@@ -149,6 +149,9 @@ SWEEPS: dict[str, tuple[SweepPoint, ...]] = {
         SweepPoint("sentences", 0.5, 5),
         SweepPoint("llmlingua", 0.5, 5),
     ),
+    # The prefix cache's TTFT (bench.suite's prefix-off / prefix-on plans): one request per
+    # question, so nothing but the system prompt can be shared between prompts.
+    "prefix": (SweepPoint("none", None, 3),),
     # The slower Qwen reader: the k=3 points.
     "qwen": (
         SweepPoint("none", None, 3),

@@ -168,6 +168,16 @@ QUALITY_PLANS: dict[str, QualityPlan] = {
         answer_style="short",
         interleave=True,
     ),
+    # The prefix cache of the system prompt, off and on, for the latency headline: 40 random
+    # questions, uncompressed, with the CPU default. Run as four fresh services in ABBA
+    # order (off, on, on, off: make bench-prefix), paired by question in bench.intervals.
+    "prefix-off": QualityPlan(
+        questions=40,
+        sweep="prefix",
+        max_tokens=16,
+        overrides={"generator.engine_kwargs.enable_prefix_caching": False},
+    ),
+    "prefix-on": QualityPlan(questions=40, sweep="prefix", max_tokens=16),
     # The same 200 questions, settings and order read by the 0.5B: the headline per reader,
     # and the two readers paired question by question (bench.intervals).
     "eval-qwen05": QualityPlan(

@@ -292,6 +292,33 @@ def test_reader_comparison_pairs_the_shared_questions():
     assert section.data["none k=3"]["difference"]["estimate"] == pytest.approx(0.4)
 
 
+def write_prefix_runs(results: Path, ttft: dict[str, list[float]]) -> None:
+    for name, values in ttft.items():
+        folder = results / "prefix" / name
+        folder.mkdir(parents=True)
+        rows = [answer("none k=3", f"q{i}", 0.5, True, v) for i, v in enumerate(values)]
+        rows.append(answer("none k=3", "failed", 0.0, False, 1.0, error="timeout"))
+        (folder / intervals.PREFIX_FILE).write_text(json.dumps({"results": rows}))
+
+
+def test_prefix_cache_pairs_questions_and_averages_the_two_runs_a_side(tmp_path: Path):
+    # Drift: the later runs are slower; on is half of off within each repetition.
+    write_prefix_runs(
+        tmp_path,
+        {"off-1": [1000.0] * 4, "on-1": [600.0] * 4, "on-2": [700.0] * 4, "off-2": [1400.0] * 4},
+    )
+
+    section = intervals.prefix_cache(tmp_path)
+
+    assert section.data["n"] == 4  # the failed question is left out
+    ratios = section.data["ratios"]
+    assert ratios["on-1 / off-1"]["estimate"] == pytest.approx(0.6)
+    assert ratios["on-2 / off-2"]["estimate"] == pytest.approx(0.5)
+    assert ratios["on / off (mean of two runs a side)"]["estimate"] == pytest.approx(1300 / 2400)
+    assert section.data["runs"]["off-2"]["estimate"] == pytest.approx(1400.0)
+    assert "| on / off (mean of two runs a side) | 4 | 0.54x [0.54, 0.54] |" in section.markdown()
+
+
 # --- the command ------------------------------------------------------------------------------
 
 
