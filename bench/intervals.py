@@ -671,7 +671,7 @@ QUALITY_RUNS = (
 READER_PAIRS = (
     (QUALITY_RUNS[1][0], QUALITY_RUNS[0][0], "Qwen2.5-Coder-0.5B against SmolLM2-135M",
      ("none k=3",)),
-    (QUALITY_RUNS[3][0], QUALITY_RUNS[4][0], "Qwen2.5-Coder-1.5B against the 0.5B, 200 questions",
+    (QUALITY_RUNS[3][0], QUALITY_RUNS[4][0], "Qwen2.5-Coder-1.5B against the 0.5B",
      ("none k=5", "sentences@0.5 k=5", "llmlingua@0.5 k=5")),
 )  # fmt: skip
 # Comparisons the prose makes beyond "each setting against none at the same k".
