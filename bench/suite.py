@@ -148,6 +148,19 @@ class QualityPlan:
     interleave: bool = False
 
 
+def reader_headline(generator: dict[str, object]) -> QualityPlan:
+    """The headline quality plan (issue 13) read by `generator`: 200 random questions, short
+    answers, the reader sweep asked in ABBA turn, the reader bound to both cores."""
+    return QualityPlan(
+        questions=200,
+        sweep="reader",
+        max_tokens=64,
+        overrides={**generator, "generator.cpu_binding": ["0-1"]},
+        answer_style="short",
+        interleave=True,
+    )
+
+
 QUALITY_PLANS: dict[str, QualityPlan] = {
     # 25 questions x 3 settings: ~15 s a question here, 50 would take ~15 minutes.
     "eval-quick": QualityPlan(questions=25, sweep="quick", max_tokens=16),
@@ -160,14 +173,7 @@ QUALITY_PLANS: dict[str, QualityPlan] = {
     # (the reader explaining despite the prompt) were cut. One request at a time, so the
     # reader's OpenMP threads take both cores (prefill 1.85x faster than the default binding
     # here, n=4 prompts). About 30 s a question: 100 minutes.
-    "eval-qwen15": QualityPlan(
-        questions=200,
-        sweep="reader",
-        max_tokens=64,
-        overrides={**QWEN15_GENERATOR, "generator.cpu_binding": ["0-1"]},
-        answer_style="short",
-        interleave=True,
-    ),
+    "eval-qwen15": reader_headline(QWEN15_GENERATOR),
     # The prefix cache of the system prompt, off and on, for the latency headline: 40 random
     # questions, uncompressed, with the CPU default. Run as four fresh services in ABBA
     # order (off, on, on, off: make bench-prefix), paired by question in bench.intervals.
@@ -180,14 +186,7 @@ QUALITY_PLANS: dict[str, QualityPlan] = {
     "prefix-on": QualityPlan(questions=40, sweep="prefix", max_tokens=16),
     # The same 200 questions, settings and order read by the 0.5B: the headline per reader,
     # and the two readers paired question by question (bench.intervals).
-    "eval-qwen05": QualityPlan(
-        questions=200,
-        sweep="reader",
-        max_tokens=64,
-        overrides={**QWEN_GENERATOR, "generator.cpu_binding": ["0-1"]},
-        answer_style="short",
-        interleave=True,
-    ),
+    "eval-qwen05": reader_headline(QWEN_GENERATOR),
 }
 
 
