@@ -592,6 +592,25 @@ def llmlingua_speed_section(rows: Sequence[Mapping[str, Any]]) -> Section:
     return section
 
 
+def llmlingua_paired(results: Path) -> Section:
+    """bench.llmlingua_paired: the shipped LLMLingua setting against the one before it on
+    the same retrieved contexts, the median per-question speed-up."""
+    doc = _load(results / "llmlingua-paired" / "llmlingua-paired.json")
+    section = Section(
+        "benchmarks.md",
+        "LLMLingua's setting against the one before, paired on SQuAD contexts",
+        "docs/results/llmlingua-paired/llmlingua-paired.json",
+    )
+    timings = doc["timings"]
+    old, new = SPEED_KNOBS[-1][1], SPEED_KNOBS[-1][2]
+    ratio = paired_ratio((t["ms"][old], t["ms"][new]) for t in timings)
+    section.lines += [
+        f"Speed-up {old} / {new}, median per question: {fmt_ratio(ratio, len(timings))}"
+    ]
+    section.data = {"n": len(timings), "speedup": _interval_dict(ratio)}
+    return section
+
+
 def context_sweep(results: Path, folder: str, title: str) -> Section:
     doc = _load(results / folder / "context.json")
     section = Section("benchmarks.md", title, f"docs/results/{folder}/context.json")
@@ -666,12 +685,18 @@ QUALITY_RUNS = (
         "eval-qwen05/squad-reader-200q-qwen2.5-coder-0.5b-instruct.json",
         "Qwen2.5-Coder-0.5B as reader, short answers, top-5, the same 200 questions",
     ),
+    (
+        "eval-smollm2/squad-reader-200q-smollm2-135m-instruct.json",
+        "SmolLM2-135M as reader, short answers, top-5, the same 200 questions",
+    ),
 )
 # Two readers on the same questions: (stronger run, weaker run, title, sweep points).
 READER_PAIRS = (
     (QUALITY_RUNS[1][0], QUALITY_RUNS[0][0], "Qwen2.5-Coder-0.5B against SmolLM2-135M",
      ("none k=3",)),
     (QUALITY_RUNS[3][0], QUALITY_RUNS[4][0], "Qwen2.5-Coder-1.5B against the 0.5B",
+     ("none k=5", "sentences@0.5 k=5", "llmlingua@0.5 k=5")),
+    (QUALITY_RUNS[4][0], QUALITY_RUNS[5][0], "0.5B against SmolLM2-135M, 200 questions",
      ("none k=5", "sentences@0.5 k=5", "llmlingua@0.5 k=5")),
 )  # fmt: skip
 # Comparisons the prose makes beyond "each setting against none at the same k".
@@ -843,6 +868,7 @@ def all_sections(results: Path) -> list[Section]:
     makers: list[tuple[tuple[str, ...], Callable[[], Section]]] = [
         (("quick/prefix-none-c1.json",), partial(quick_plan, results)),
         (("llmlingua-speed/llmlingua-speed.json",), partial(llmlingua_speed, results)),
+        (("llmlingua-paired/llmlingua-paired.json",), partial(llmlingua_paired, results)),
         (
             ("context-smollm2/context.json",),
             partial(context_sweep, results, "context-smollm2", "The context sweep, SmolLM2"),
