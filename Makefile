@@ -144,9 +144,12 @@ bench: setup models-qwen models-qwen15
 	$(BIN)/python -m bench.quality prepare
 	$(BIN)/python -m bench.suite --plan quick --out bench-results/quick
 	$(BIN)/python -m bench.llmlingua_speed --out bench-results/llmlingua-speed
+	$(BIN)/python -m bench.llmlingua_paired --n 40 --out bench-results/llmlingua-paired
 	$(BIN)/python -m bench.context_sweep --out bench-results/context-smollm2
-	$(BIN)/python -m bench.context_sweep --lengths 512 1024 2048 4096 --repeats 3 \
+	$(BIN)/python -m bench.context_sweep --lengths 512 1024 2048 4096 --repeats 8 \
 		--method sentences --paired --out bench-results/context-sentences
+	$(BIN)/python -m bench.context_sweep --lengths 512 1024 2048 4096 --repeats 8 \
+		--method llmlingua --paired --out bench-results/context-llmlingua
 	$(BIN)/python -m bench.context_sweep --lengths 512 1024 2048 --repeats 1 \
 		--set generator.model_id=qwen2.5-coder-0.5b-instruct \
 		--set generator.model_source=.models/qwen2.5-coder-0.5b-instruct \
@@ -204,6 +207,9 @@ eval: setup models-qwen models-qwen15
 	$(BIN)/python -m bench.suite --plan eval-qwen --out bench-results/eval-qwen
 	$(BIN)/python -m bench.suite --plan eval-qwen15 --out bench-results/eval-qwen15
 	$(BIN)/python -m bench.suite --plan eval-qwen05 --out bench-results/eval-qwen05
+	$(BIN)/python -m bench.suite --plan eval-smollm2 --out bench-results/eval-smollm2
+	$(BIN)/python -m bench.caps --plan eval-qwen05 --max-tokens 256 --out bench-results/caps-qwen05 \
+		--results bench-results/eval-qwen05/squad-reader-200q-qwen2.5-coder-0.5b-instruct.json
 	$(BIN)/python -m bench.intervals --results bench-results --out bench-results/intervals
 
 # Conversations and citations (about 35 minutes here): follow-up retrieval on 100 SQuAD

@@ -15,7 +15,8 @@ from __future__ import annotations
 import argparse
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -125,6 +126,12 @@ PLANS: dict[str, tuple[ServiceVariant, ...]] = {
 }
 
 
+# The CPU default's reader, named so that its results file says which model read them.
+SMOLLM2_GENERATOR: dict[str, object] = {
+    "generator.model_id": "smollm2-135m-instruct",
+    "generator.model_source": ".models/smollm2-135m-instruct",
+}
+# make models-qwen.
 QWEN_GENERATOR: dict[str, object] = {
     "generator.model_id": "qwen2.5-coder-0.5b-instruct",
     "generator.model_source": ".models/qwen2.5-coder-0.5b-instruct",
@@ -187,21 +194,33 @@ QUALITY_PLANS: dict[str, QualityPlan] = {
     # The same 200 questions, settings and order read by the 0.5B: the headline per reader,
     # and the two readers paired question by question (bench.intervals).
     "eval-qwen05": reader_headline(QWEN_GENERATOR),
+    # And by the CPU default's SmolLM2-135M (eval-full asked it 40 questions, long answers).
+    "eval-smollm2": reader_headline(SMOLLM2_GENERATOR),
 }
+
+
+@contextmanager
+def quality_service(
+    plan: QualityPlan, out_dir: Path, base_config: Path, name: str = "squad"
+) -> Iterator[str]:
+    """The plan's service over the SQuAD index, warmed up; yields its URL and stops it after.
+    Its config and log go to out_dir/<name>.serve.yaml and .serve.log."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    overrides: dict[str, object] = {"retriever.index_path": plan.index_path, **plan.overrides}
+    config = write_variant(base_config, overrides, out_dir / f"{name}.serve.yaml", port)
+    with running_service(config, port, out_dir / f"{name}.serve.log") as url:
+        warm_up(url)
+        yield url
 
 
 def run_quality(plan: QualityPlan, out_dir: Path, base_config: Path) -> Path:
     """Serve the SQuAD index (bench.quality prepare builds it), score the sweep, stop; a
     run stopped early goes on where it stopped when started again (bench.quality --resume)."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    port = free_port()
-    overrides: dict[str, object] = {"retriever.index_path": plan.index_path, **plan.overrides}
-    config = write_variant(base_config, overrides, out_dir / "squad.serve.yaml", port)
     label = f"squad-{plan.sweep}-{plan.questions}q"
     if plan.overrides.get("generator.model_id"):
         label += f"-{plan.overrides['generator.model_id']}"
-    with running_service(config, port, out_dir / "squad.serve.log") as url:
-        warm_up(url)
+    with quality_service(plan, out_dir, base_config) as url:
         argv = [
             "run", "--url", url, "--questions", str(plan.questions), "--sweep", plan.sweep,
             "--max-tokens", str(plan.max_tokens), "--out", str(out_dir), "--label", label,

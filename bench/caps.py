@@ -1,0 +1,185 @@
+"""Answers the generation cap cut, asked again with a larger cap: does the cap move the scores?
+
+    python -m bench.caps --plan eval-qwen05 --max-tokens 256 \\
+        --results docs/results/eval-qwen05/squad-reader-200q-qwen2.5-coder-0.5b-instruct.json \\
+        --out docs/results/eval-qwen05/caps
+
+Reads a finished bench.quality run, picks every (point, question) whose answer used all of
+its max_tokens, starts the plan's service again (bench.suite) and asks exactly those again
+with --max-tokens, greedy as before. Per point it reports how many answers were cut, how
+many of them end under the larger cap and at how many tokens, and the point's mean F1 and
+contains-gold with the new answers in place of the cut ones: the difference to the stored
+scores, paired over all the point's questions, with a 95% bootstrap interval.
+
+Writes OUT/caps.json (every re-asked answer) and OUT/caps.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from bench.bootstrap import Interval
+from bench.intervals import fmt_difference, paired_difference
+from bench.quality import (
+    DEFAULT_TIMEOUT_S,
+    QuestionResult,
+    SweepPoint,
+    iter_sweep,
+)
+from bench.service import ROOT
+from bench.squad import DEFAULT_CACHE_DIR, SQUAD_DEV_FILENAME, load_squad
+from bench.suite import QUALITY_PLANS, quality_service
+
+logger = logging.getLogger(__name__)
+SCORES = ("f1", "contains_gold")
+
+
+def cut_answers(doc: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The answered results whose completion used the run's whole max_tokens."""
+    cap = doc["config"]["max_tokens"]
+    return [
+        r for r in doc["results"] if r.get("error") is None and r.get("completion_tokens") == cap
+    ]
+
+
+def with_new_answers(
+    stored: Sequence[Mapping[str, Any]], new: Mapping[tuple[str, str], Mapping[str, Any]]
+) -> list[Mapping[str, Any]]:
+    """The stored results with each re-asked (point, question) replaced by its new result."""
+    return [new.get((r["point"], r["question_id"]), r) for r in stored]
+
+
+def point_summary(
+    point: str,
+    stored: Sequence[Mapping[str, Any]],
+    new: Mapping[tuple[str, str], Mapping[str, Any]],
+    old_cap: int,
+    new_cap: int,
+) -> dict[str, Any]:
+    """One point: cut answers, how the re-asked ones ended, and the scores' paired change."""
+    mine = [r for r in stored if r["point"] == point and r.get("error") is None]
+    redone = [new[(point, r["question_id"])] for r in mine if (point, r["question_id"]) in new]
+    ended = sorted(r["completion_tokens"] for r in redone if r["completion_tokens"] < new_cap)
+    after = with_new_answers(mine, new)
+    summary: dict[str, Any] = {
+        "point": point,
+        "answered": len(mine),
+        "cut": sum(r.get("completion_tokens") == old_cap for r in mine),
+        "reasked": len(redone),
+        "ended_under_new_cap": len(ended),
+        "ended_at_tokens": ended,
+    }
+    for key in SCORES:
+        pairs = [
+            (None if a.get(key) is None else float(a[key]),
+             None if b.get(key) is None else float(b[key]))
+            for a, b in zip(after, mine, strict=True)
+        ]  # fmt: skip
+        before_values = [b for _, b in pairs if b is not None]
+        after_values = [a for a, _ in pairs if a is not None]
+        summary[key] = {
+            "before": sum(before_values) / len(before_values) if before_values else None,
+            "after": sum(after_values) / len(after_values) if after_values else None,
+            "difference": _as_dict(paired_difference(pairs)),
+        }
+    return summary
+
+
+def render_markdown(summaries: Sequence[Mapping[str, Any]], old_cap: int, new_cap: int) -> str:
+    lines = [
+        f"Answers cut at max_tokens {old_cap}, asked again at {new_cap} (the point's other "
+        "answers as stored; differences paired over all its questions, 95% bootstrap):",
+        "",
+        f"| point | n | cut at {old_cap} | ended under {new_cap} (tokens) | F1 stored → "
+        "re-asked | difference | contains gold stored → re-asked | difference |",
+        "|---|---:|---:|---|---|---|---|---|",
+    ]
+    for s in summaries:
+        f1, gold = s["f1"], s["contains_gold"]
+        lines.append(
+            f"| {s['point']} | {s['answered']} | {s['cut']} | {s['ended_under_new_cap']}/"
+            f"{s['reasked']} ({', '.join(map(str, s['ended_at_tokens'])) or '–'}) | "
+            f"{_mean(f1['before'])} → {_mean(f1['after'])} | "
+            f"{_diff(f1['difference'])} | "
+            f"{_mean(gold['before'])} → {_mean(gold['after'])} | "
+            f"{_diff(gold['difference'])} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def _as_dict(interval: Interval | None) -> dict[str, Any] | None:
+    return None if interval is None else asdict(interval)
+
+
+def _diff(interval: Mapping[str, Any] | None) -> str:
+    return fmt_difference(None if interval is None else Interval(**interval))
+
+
+def _mean(value: float | None) -> str:
+    return "–" if value is None else f"{value:.3f}"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--plan", choices=sorted(QUALITY_PLANS), required=True)
+    parser.add_argument("--results", type=Path, required=True, help="a bench.quality run's JSON")
+    parser.add_argument("--max-tokens", type=int, default=256)
+    parser.add_argument("--base-config", type=Path, default=ROOT / "serve_config.yaml")
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+
+    doc = json.loads(args.results.read_text())
+    old_cap = doc["config"]["max_tokens"]
+    cut = cut_answers(doc)
+    squad = load_squad(DEFAULT_CACHE_DIR / SQUAD_DEV_FILENAME)
+    by_id = {q.question_id: q for q in squad.questions}
+    points = {
+        p["name"]: SweepPoint(p["method"], p["rate"], p["top_k"]) for p in doc["config"]["points"]
+    }
+    requests = [(points[r["point"]], by_id[r["question_id"]]) for r in cut]
+    logger.info("%d answers cut at %d: asking them again at %d", len(cut), old_cap, args.max_tokens)
+    results: list[QuestionResult] = []
+    with (
+        quality_service(QUALITY_PLANS[args.plan], args.out, args.base_config, "caps") as url,
+        httpx.Client(base_url=url, timeout=DEFAULT_TIMEOUT_S, trust_env=False) as client,
+    ):
+        results = list(
+            iter_sweep(
+                client,
+                requests,
+                args.max_tokens,
+                DEFAULT_TIMEOUT_S,
+                {p.paragraph_id for p in squad.paragraphs},
+                None,
+                doc["config"].get("answer_style", "explained"),
+            )
+        )
+    new = {(r.point, r.question_id): asdict(r) for r in results}
+    summaries = [
+        point_summary(name, doc["results"], new, old_cap, args.max_tokens) for name in points
+    ]
+    (args.out / "caps.json").write_text(
+        json.dumps(
+            {"config": vars(args) | {"old_cap": old_cap}, "summaries": summaries,
+             "results": list(new.values())},
+            indent=2, default=str,
+        ) + "\n"
+    )  # fmt: skip
+    table = render_markdown(summaries, old_cap, args.max_tokens)
+    (args.out / "caps.md").write_text(table)
+    print(table)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
