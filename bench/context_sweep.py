@@ -49,7 +49,7 @@ import numpy as np
 
 from bench import bootstrap
 from bench.bootstrap import Interval
-from bench.intervals import fmt_ratio, one_sample, paired_ratio
+from bench.intervals import faster_policy, fmt_ratio, independent_ratio, one_sample, paired_ratio
 from bench.service import ROOT, free_port, running_service
 from bench.squad import DEFAULT_CACHE_DIR, SQUAD_DEV_FILENAME, load_squad, sample_questions
 from bench.stats import median
@@ -59,9 +59,6 @@ from retrieval.cost_model import CompressionCostModel, CompressorCost, PrefillCo
 logger = logging.getLogger(__name__)
 
 POLICIES = ("never", "always", "auto")
-# Within this fraction of the faster fixed policy counts as "as fast" (CPU runs vary by
-# about this much between identical requests).
-NOISE_FRACTION = 0.15
 
 
 @dataclass(frozen=True)
@@ -293,18 +290,25 @@ def summarize(records: Sequence[SweepRecord]) -> list[Cell]:
     return cells
 
 
-def auto_verdicts(cells: Sequence[Cell], noise: float = NOISE_FRACTION) -> dict[int, str]:
-    """Per length: how auto's median TTFT compares with the faster of never and always."""
+def auto_verdicts(records: Sequence[SweepRecord]) -> dict[int, str]:
+    """Per length: auto's median TTFT over that of the faster of never and always, with a
+    95% interval (independent requests: different questions per policy unless --paired,
+    whose per-question oracle table is the sharper test); a ratio whose interval holds 1 is
+    "no detectable difference", whatever its size."""
+    measured = [r for r in records if r.ok and r.request.phase == "measure"]
     verdicts = {}
-    for length in sorted({c.length for c in cells}):
-        by_policy = {c.policy: c.ttft_ms for c in cells if c.length == length}
-        auto, never, always = (by_policy.get(p) for p in ("auto", "never", "always"))
-        if auto is None or never is None or always is None:
+    for length in sorted({r.request.length for r in measured}):
+        samples = {
+            policy: [r.ttft_ms for r in measured if r.request.length == length
+                     and r.request.policy == policy and r.ttft_ms is not None]
+            for policy in POLICIES
+        }  # fmt: skip
+        if not all(samples.values()):
             continue
-        best = min(never, always)
-        ratio = auto / best
-        ok = "as fast" if ratio <= 1 + noise else "SLOWER"
-        verdicts[length] = f"{ok} ({ratio:.2f}x the faster of never/always)"
+        best, best_ttfts = faster_policy({p: samples[p] for p in ("never", "always")})
+        ratio = independent_ratio(samples["auto"], best_ttfts)
+        n = min(len(samples["auto"]), len(best_ttfts))
+        verdicts[length] = f"auto / `{best}` (the faster fixed policy): {fmt_ratio(ratio, n)}"
     return verdicts
 
 
@@ -554,14 +558,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         "auto against the per-question oracle",
     )
     parser.add_argument(
-        "--replot", action="store_true", help="only redraw OUT's plot from OUT/context.json"
+        "--replot",
+        action="store_true",
+        help="only redo OUT's tables and plot from the records in OUT/context.json",
     )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)
     if args.replot:
         saved = json.loads((args.out / "context.json").read_text())
-        _plot([Cell(**cell) for cell in saved["cells"]], args.out / "ttft_vs_context.png")
+        write_report(args.out, load_records(saved), saved["cost_model"], saved["config"])
         return 0
 
     overrides: dict[str, Any] = {
@@ -609,18 +615,42 @@ def main(argv: Sequence[str] | None = None) -> int:
     # Paired, a question's three requests must not reuse each other's KV.
     no_cache = {"generator.engine_kwargs.enable_prefix_caching": False} if args.paired else {}
     records += _run_service(args, overrides | fitted | no_cache, "measure", measured)
+    print(
+        write_report(
+            args.out,
+            records,
+            fitted,
+            vars(args) | {"out": str(args.out), "base_config": str(args.base_config)},
+        )
+    )
+    return 0
+
+
+def load_records(saved: dict[str, Any]) -> list[SweepRecord]:
+    """The records of a saved context.json."""
+    return [
+        SweepRecord(SweepRequest(**r["request"]), **{k: v for k, v in r.items() if k != "request"})
+        for r in saved["records"]
+    ]
+
+
+def write_report(
+    out: Path, records: Sequence[SweepRecord], fitted: dict[str, Any], config: dict[str, Any]
+) -> str:
+    """Write OUT/context.md, context.json and the plot from a run's records; return the
+    Markdown."""
     cells = summarize([r for r in records if r.request.phase == "measure"])
-    verdicts = auto_verdicts(cells)
+    verdicts = auto_verdicts(records)
     table = render_markdown(cells, verdicts, fitted)
     rows = oracle_rows(records)
     summaries = summarize_oracle(rows)
     if rows:
         table += "\n" + render_oracle(rows, summaries)
-    (args.out / "context.md").write_text(table)
-    (args.out / "context.json").write_text(
+    (out / "context.md").write_text(table)
+    (out / "context.json").write_text(
         json.dumps(
             {
-                "config": vars(args) | {"out": str(args.out), "base_config": str(args.base_config)},
+                "config": config,
                 "cost_model": fitted,
                 "records": [asdict(r) for r in records],
                 "cells": [asdict(c) for c in cells],
@@ -644,9 +674,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         + "\n"
     )
-    _plot(cells, args.out / "ttft_vs_context.png")
-    print(table)
-    return 0
+    _plot(cells, out / "ttft_vs_context.png")
+    return table
 
 
 def _run_service(

@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 
 from bench.context_sweep import (
-    Cell,
     OracleRow,
     SweepRecord,
     SweepRequest,
@@ -170,14 +169,37 @@ def test_summary_medians_and_the_auto_verdict():
     assert never_512.ttft_ms == 3200.0
     assert never_512.requests == 2
     assert next(c for c in cells if c.policy == "always").compressed == 1
-    verdicts = auto_verdicts(cells)
-    assert verdicts[512].startswith("as fast")
-    assert verdicts[4096].startswith("SLOWER")
+    # One request a side: a ratio needs two, so no verdict is claimed.
+    assert (
+        auto_verdicts(records)[512]
+        == "auto / `never` (the faster fixed policy): n = 1: no interval"
+    )
+
+
+def test_auto_verdict_is_a_ratio_with_an_interval():
+    records = [
+        _timed(policy, length, ttft + step, applied)
+        for length, policy, ttft, applied in (
+            (512, "never", 3000.0, "none"),
+            (512, "always", 6000.0, "llmlingua"),
+            (512, "auto", 3050.0, "none"),
+            (4096, "never", 40000.0, "none"),
+            (4096, "always", 30000.0, "llmlingua"),
+            (4096, "auto", 45000.0, "llmlingua"),
+        )
+        for step in (0.0, 100.0, 200.0)
+    ]
+    records.append(_timed("auto", 512, 1.0, "none", phase="calibrate"))  # not measured
+    verdicts = auto_verdicts(records)
+
+    assert verdicts[512].startswith("auto / `never` (the faster fixed policy): 1.02x [")
+    assert verdicts[512].endswith("no detectable difference")
+    assert verdicts[4096].startswith("auto / `always` (the faster fixed policy): 1.50x [")
+    assert "no detectable difference" not in verdicts[4096]
 
 
 def test_no_verdict_without_all_three_policies():
-    cells = [Cell(512, "never", 1, 1.0, 0.0, 500, 500, 256, 0)]
-    assert auto_verdicts(cells) == {}
+    assert auto_verdicts([_timed("never", 512, 1.0, "none")]) == {}
 
 
 def test_oracle_rows_pair_a_questions_three_requests_and_judge_autos_pick():
