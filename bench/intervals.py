@@ -696,7 +696,8 @@ READER_PAIRS = (
      ("none k=3",)),
     (QUALITY_RUNS[3][0], QUALITY_RUNS[4][0], "Qwen2.5-Coder-1.5B against the 0.5B",
      ("none k=5", "sentences@0.5 k=5", "llmlingua@0.5 k=5")),
-    (QUALITY_RUNS[4][0], QUALITY_RUNS[5][0], "0.5B against SmolLM2-135M, 200 questions",
+    (QUALITY_RUNS[4][0], QUALITY_RUNS[5][0],
+     "Qwen2.5-Coder-0.5B against SmolLM2-135M, 200 questions,",
      ("none k=5", "sentences@0.5 k=5", "llmlingua@0.5 k=5")),
 )  # fmt: skip
 # Comparisons the prose makes beyond "each setting against none at the same k".
