@@ -178,8 +178,8 @@ bench-prefix: setup
 # Draft-model speculative decoding (about 45 minutes here): the 0.5B drafting for the 1.5B in
 # vLLM at concurrency 1 and 8 on 32 SQuAD prompts a point, the variants alternating in
 # blocks of 16 (plain, draft, draft, plain) so drift does not favour one; then transformers'
-# assisted generate on 2 prompts only (plain generate of the 1.5B takes about 100 s a prompt
-# here: indicative, not a headline).
+# assisted generate against plain generate on 30 SQuAD prompts, alternating per prompt,
+# 32 new tokens each (about 25 minutes: HF generate of the 1.5B is slow here).
 SPECULATIVE_VLLM = VLLM_CPU_OMP_THREADS_BIND=0-1 $(BIN)/python -m bench.speculative vllm \
 	--questions squad --n 16 --n8 16 --out bench-results/speculative
 bench-speculative: setup models-qwen models-qwen15
@@ -188,7 +188,8 @@ bench-speculative: setup models-qwen models-qwen15
 	$(SPECULATIVE_VLLM) --variant draft --block 0
 	$(SPECULATIVE_VLLM) --variant draft --block 1
 	$(SPECULATIVE_VLLM) --variant plain --block 1
-	$(BIN)/python -m bench.speculative hf --n 2 --top-k 2 --out bench-results/speculative
+	$(BIN)/python -m bench.speculative hf --questions squad --n 30 --top-k 2 \
+		--max-new-tokens 32 --out bench-results/speculative
 	$(BIN)/python -m bench.speculative report --out bench-results/speculative
 
 # Quality lab, quick plan: SQuAD dev indexed once (about 4 minutes), 25 questions x 3 settings.
@@ -199,7 +200,8 @@ eval-quick: setup
 # Quality lab, full sweep: 9 settings x 40 questions with SmolLM2, 5 x 20 with the Qwen reader
 # (about an hour), then the headline: 200 random questions read by the 1.5B, none vs
 # sentences@0.5 vs LLMLingua@0.5 (about 100 minutes more; Ctrl-C keeps what it has, and run
-# again it goes on from there), the same 200 read by the 0.5B, and the paired intervals over
+# again it goes on from there), the same 200 read by the 0.5B (55 min) and by SmolLM2 (36
+# min), the answers the cap cut asked again with a larger one, and the paired intervals over
 # all of them.
 eval: setup models-qwen models-qwen15
 	$(BIN)/python -m bench.quality prepare
