@@ -175,7 +175,7 @@ bench-prefix: setup
 	$(BIN)/python -m bench.suite --plan prefix-on --out bench-results/prefix/on-2
 	$(BIN)/python -m bench.suite --plan prefix-off --out bench-results/prefix/off-2
 
-# Draft-model speculative decoding (about 45 minutes here): the 0.5B drafting for the 1.5B in
+# Draft-model speculative decoding (about an hour here): the 0.5B drafting for the 1.5B in
 # vLLM at concurrency 1 and 8 on 32 SQuAD prompts a point, the variants alternating in
 # blocks of 16 (plain, draft, draft, plain) so drift does not favour one; then transformers'
 # assisted generate against plain generate on 30 SQuAD prompts, alternating per prompt,
