@@ -27,15 +27,11 @@ from typing import Any
 import httpx
 
 from bench.bootstrap import Interval
-from bench.intervals import fmt_difference, paired_difference
-from bench.quality import (
-    DEFAULT_TIMEOUT_S,
-    QuestionResult,
-    SweepPoint,
-    iter_sweep,
-)
+from bench.intervals import fmt_difference, interval_dict, paired_difference
+from bench.quality import DEFAULT_TIMEOUT_S, SweepPoint, iter_sweep
 from bench.service import ROOT
 from bench.squad import DEFAULT_CACHE_DIR, SQUAD_DEV_FILENAME, load_squad
+from bench.stats import mean
 from bench.suite import QUALITY_PLANS, quality_service
 
 logger = logging.getLogger(__name__)
@@ -83,12 +79,10 @@ def point_summary(
              None if b.get(key) is None else float(b[key]))
             for a, b in zip(after, mine, strict=True)
         ]  # fmt: skip
-        before_values = [b for _, b in pairs if b is not None]
-        after_values = [a for a, _ in pairs if a is not None]
         summary[key] = {
-            "before": sum(before_values) / len(before_values) if before_values else None,
-            "after": sum(after_values) / len(after_values) if after_values else None,
-            "difference": _as_dict(paired_difference(pairs)),
+            "before": mean(b for _, b in pairs),
+            "after": mean(a for a, _ in pairs),
+            "difference": interval_dict(paired_difference(pairs)),
         }
     return summary
 
@@ -113,10 +107,6 @@ def render_markdown(summaries: Sequence[Mapping[str, Any]], old_cap: int, new_ca
             f"{_diff(gold['difference'])} |"
         )
     return "\n".join(lines) + "\n"
-
-
-def _as_dict(interval: Interval | None) -> dict[str, Any] | None:
-    return None if interval is None else asdict(interval)
 
 
 def _diff(interval: Mapping[str, Any] | None) -> str:
@@ -148,7 +138,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     }
     requests = [(points[r["point"]], by_id[r["question_id"]]) for r in cut]
     logger.info("%d answers cut at %d: asking them again at %d", len(cut), old_cap, args.max_tokens)
-    results: list[QuestionResult] = []
     with (
         quality_service(QUALITY_PLANS[args.plan], args.out, args.base_config, "caps") as url,
         httpx.Client(base_url=url, timeout=DEFAULT_TIMEOUT_S, trust_env=False) as client,

@@ -189,7 +189,8 @@ def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
     return [_row(header), _row(align), *(_row(r) for r in rows)]
 
 
-def _interval_dict(interval: Interval | None) -> dict[str, float] | None:
+def interval_dict(interval: Interval | None) -> dict[str, float] | None:
+    """An interval as JSON-ready data (None stays None)."""
     return None if interval is None else asdict(interval)
 
 
@@ -331,7 +332,7 @@ def latency_section(
 
 
 def _jsonable(row: Mapping[str, Any]) -> dict[str, Any]:
-    return {k: _interval_dict(v) if isinstance(v, Interval) else v for k, v in row.items()}
+    return {k: interval_dict(v) if isinstance(v, Interval) else v for k, v in row.items()}
 
 
 def _load(path: Path) -> Any:
@@ -442,8 +443,8 @@ def prefix_cache(results: Path) -> Section:
         [[name, str(len(shared)), fmt_ratio(r)] for name, r in ratios.items()],
     )
     section.data = {
-        "runs": {name: _interval_dict(one_sample(t.values())) for name, t in runs.items()},
-        "ratios": {name: _interval_dict(r) for name, r in ratios.items()},
+        "runs": {name: interval_dict(one_sample(t.values())) for name, t in runs.items()},
+        "ratios": {name: interval_dict(r) for name, r in ratios.items()},
         "n": len(shared),
     }
     return section
@@ -553,7 +554,7 @@ def llmlingua_speed_section(rows: Sequence[Mapping[str, Any]]) -> Section:
                 "variant": r["variant"],
                 "context_tokens": r["context_tokens"],
                 "n": len(times),
-                "speedup": _interval_dict(speedup),
+                "speedup": interval_dict(speedup),
             }
         )
     section.lines += [
@@ -578,7 +579,7 @@ def llmlingua_speed_section(rows: Sequence[Mapping[str, Any]]) -> Section:
                 "after": after,
                 "lengths": shared,
                 "n": n,
-                "speedup": _interval_dict(ratio),
+                "speedup": interval_dict(ratio),
             }
         )
         knob_table.append([label, ", ".join(f"{s:,}" for s in shared), str(n), fmt_ratio(ratio, n)])
@@ -607,7 +608,7 @@ def llmlingua_paired(results: Path) -> Section:
     section.lines += [
         f"Speed-up {old} / {new}, median per question: {fmt_ratio(ratio, len(timings))}"
     ]
-    section.data = {"n": len(timings), "speedup": _interval_dict(ratio)}
+    section.data = {"n": len(timings), "speedup": interval_dict(ratio)}
     return section
 
 
@@ -644,9 +645,9 @@ def context_sweep_section(section: Section, records: Sequence[Mapping[str, Any]]
             {
                 "length": length,
                 "n": {"never": len(never), "always": len(always), "auto": len(auto)},
-                "always_over_never": _interval_dict(always_never),
+                "always_over_never": interval_dict(always_never),
                 "faster_fixed": faster_name,
-                "auto_over_faster": _interval_dict(auto_faster),
+                "auto_over_faster": interval_dict(auto_faster),
             }
         )
     section.lines += ["TTFT ratios of medians, independent requests (measure phase):", ""]
@@ -839,9 +840,9 @@ def reader_comparison(
     section.lines.append("")
     section.data[point] = {
         "n": len(shared),
-        "stronger": _interval_dict(means[0]),
-        "weaker": _interval_dict(means[1]),
-        "difference": _interval_dict(difference),
+        "stronger": interval_dict(means[0]),
+        "weaker": interval_dict(means[1]),
+        "difference": interval_dict(difference),
     }
     return section
 
