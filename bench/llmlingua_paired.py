@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import random
-import time
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -25,12 +24,11 @@ from pathlib import Path
 import numpy as np
 
 from bench.intervals import fmt_ratio, paired_ratio
-from bench.llmlingua_speed import VARIANTS, SpeedVariant
+from bench.llmlingua_speed import VARIANTS, SpeedVariant, timed_compression
 from bench.service import ROOT
 from bench.squad import DEFAULT_CACHE_DIR, SQUAD_DEV_FILENAME, load_squad, sample_questions
-from pipeline.messages import CompressionPlan
 from retrieval.budget import TokenCounter
-from retrieval.compression import ChunkCompressor, compress_chunks, count_context_tokens
+from retrieval.compression import ChunkCompressor, count_context_tokens
 from retrieval.context import ContextChunk
 from retrieval.llmlingua_compressor import LLMLinguaCompressor
 from retrieval.tokens import ServingTokenizer
@@ -77,8 +75,6 @@ def time_pairs(
     seed: int,
 ) -> list[PairedTiming]:
     """Each context compressed by every compressor, in a seeded random order per context."""
-    plan = CompressionPlan("llmlingua", rate=0.5)
-    no_embedding = np.zeros(1, dtype=np.float32)
     rng = random.Random(seed)
     timings = []
     for question, chunks in contexts:
@@ -87,9 +83,7 @@ def time_pairs(
         ms: dict[str, float] = {}
         kept: dict[str, int] = {}
         for name in order:
-            started = time.perf_counter()
-            out = compress_chunks(plan, question, no_embedding, chunks, count, compressors[name])
-            ms[name] = (time.perf_counter() - started) * 1000
+            ms[name], out = timed_compression(compressors[name], question, chunks, count)
             kept[name] = count_context_tokens(out, count)
         timing = PairedTiming(
             question, count_context_tokens(chunks, count), len(chunks), order, ms, kept
