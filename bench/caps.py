@@ -9,9 +9,14 @@ its max_tokens, starts the plan's service again (bench.suite) and asks exactly t
 with --max-tokens, greedy as before. Per point it reports how many answers were cut, how
 many of them end under the larger cap and at how many tokens, and the point's mean F1 and
 contains-gold with the new answers in place of the cut ones: the difference to the stored
-scores, paired over all the point's questions, with a 95% bootstrap interval.
+scores, paired over all the point's questions, with a 95% bootstrap interval. Two checks
+come with it: how many answers still at the larger cap are loops (a six-word run said
+three times or more, list numbers and punctuation aside), and how many re-asked answers
+do not begin with the stored one (greedy decoding with the same prompt should repeat it;
+one that does not says the run is not bit-exact, and its score change is not the cap's).
 
-Writes OUT/caps.json (every re-asked answer) and OUT/caps.md.
+Writes OUT/caps.json (every re-asked answer) and OUT/caps.md; `--rescore` recomputes both
+from a saved OUT/caps.json without asking again.
 """
 
 from __future__ import annotations
@@ -19,6 +24,8 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import re
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict
 from pathlib import Path
@@ -30,12 +37,13 @@ from bench.bootstrap import Interval
 from bench.intervals import fmt_difference, interval_dict, paired_difference
 from bench.quality import DEFAULT_TIMEOUT_S, SweepPoint, iter_sweep
 from bench.service import ROOT
-from bench.squad import DEFAULT_CACHE_DIR, SQUAD_DEV_FILENAME, load_squad
+from bench.squad import DEFAULT_CACHE_DIR, SQUAD_DEV_FILENAME, SquadSet, load_squad
 from bench.stats import mean
 from bench.suite import QUALITY_PLANS, quality_service
 
 logger = logging.getLogger(__name__)
 SCORES = ("f1", "contains_gold")
+LOOP_WORDS, LOOP_TIMES = 6, 3
 
 
 def cut_answers(doc: Mapping[str, Any]) -> list[dict[str, Any]]:
@@ -44,6 +52,20 @@ def cut_answers(doc: Mapping[str, Any]) -> list[dict[str, Any]]:
     return [
         r for r in doc["results"] if r.get("error") is None and r.get("completion_tokens") == cap
     ]
+
+
+def is_loop(answer: str) -> bool:
+    """Whether some run of LOOP_WORDS words occurs LOOP_TIMES times or more in the answer
+    (words lower-cased, punctuation and list numbers dropped: "1. X 2. X 3. X" loops)."""
+    words = [w for w in re.sub(r"[\W\d_]+", " ", answer.lower()).split()]
+    runs = Counter(tuple(words[i : i + LOOP_WORDS]) for i in range(len(words) - LOOP_WORDS + 1))
+    return bool(runs) and max(runs.values()) >= LOOP_TIMES
+
+
+def extends(stored: str, new: str) -> bool:
+    """Whether the re-asked answer begins with the stored one (a cut answer's last token may
+    end inside a character, which decodes as U+FFFD)."""
+    return new.strip().startswith(stored.strip().rstrip("\ufffd"))
 
 
 def with_new_answers(
@@ -64,6 +86,8 @@ def point_summary(
     mine = [r for r in stored if r["point"] == point and r.get("error") is None]
     redone = [new[(point, r["question_id"])] for r in mine if (point, r["question_id"]) in new]
     ended = sorted(r["completion_tokens"] for r in redone if r["completion_tokens"] < new_cap)
+    still_cut = [r for r in redone if r["completion_tokens"] == new_cap]
+    by_id = {r["question_id"]: r for r in mine}
     after = with_new_answers(mine, new)
     summary: dict[str, Any] = {
         "point": point,
@@ -72,6 +96,11 @@ def point_summary(
         "reasked": len(redone),
         "ended_under_new_cap": len(ended),
         "ended_at_tokens": ended,
+        "still_cut_loops": sum(is_loop(r.get("answer") or "") for r in still_cut),
+        "diverged": sum(
+            not extends(by_id[r["question_id"]].get("answer") or "", r.get("answer") or "")
+            for r in redone
+        ),
     }
     for key in SCORES:
         pairs = [
@@ -92,15 +121,18 @@ def render_markdown(summaries: Sequence[Mapping[str, Any]], old_cap: int, new_ca
         f"Answers cut at max_tokens {old_cap}, asked again at {new_cap} (the point's other "
         "answers as stored; differences paired over all its questions, 95% bootstrap):",
         "",
-        f"| point | n | cut at {old_cap} | ended under {new_cap} (tokens) | F1 stored → "
-        "re-asked | difference | contains gold stored → re-asked | difference |",
-        "|---|---:|---:|---|---|---|---|---|",
+        f"| point | n | cut at {old_cap} | ended under {new_cap} (tokens) | still at {new_cap}: "
+        "loops | not the stored answer's continuation | F1 stored → re-asked | difference | "
+        "contains gold stored → re-asked | difference |",
+        "|---|---:|---:|---|---|---:|---|---|---|---|",
     ]
     for s in summaries:
         f1, gold = s["f1"], s["contains_gold"]
         lines.append(
             f"| {s['point']} | {s['answered']} | {s['cut']} | {s['ended_under_new_cap']}/"
             f"{s['reasked']} ({', '.join(map(str, s['ended_at_tokens'])) or '–'}) | "
+            f"{s['still_cut_loops']}/{s['reasked'] - s['ended_under_new_cap']} | "
+            f"{s['diverged']} | "
             f"{_mean(f1['before'])} → {_mean(f1['after'])} | "
             f"{_diff(f1['difference'])} | "
             f"{_mean(gold['before'])} → {_mean(gold['after'])} | "
@@ -124,6 +156,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--max-tokens", type=int, default=256)
     parser.add_argument("--base-config", type=Path, default=ROOT / "serve_config.yaml")
     parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument(
+        "--rescore", action="store_true", help="recompute OUT/caps.md from OUT/caps.json"
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)
@@ -132,12 +167,43 @@ def main(argv: Sequence[str] | None = None) -> int:
     old_cap = doc["config"]["max_tokens"]
     cut = cut_answers(doc)
     squad = load_squad(DEFAULT_CACHE_DIR / SQUAD_DEV_FILENAME)
-    by_id = {q.question_id: q for q in squad.questions}
     points = {
         p["name"]: SweepPoint(p["method"], p["rate"], p["top_k"]) for p in doc["config"]["points"]
     }
+    if args.rescore:  # the saved run's own config stays: it names what was asked
+        saved = json.loads((args.out / "caps.json").read_text())
+        config = saved["config"]
+        new = {(r["point"], r["question_id"]): r for r in saved["results"]}
+    else:
+        config = vars(args) | {"old_cap": old_cap}
+        new = reask(args, cut, points, squad, doc["config"].get("answer_style", "explained"))
+    summaries = [
+        point_summary(name, doc["results"], new, old_cap, args.max_tokens) for name in points
+    ]
+    (args.out / "caps.json").write_text(
+        json.dumps(
+            {"config": config, "summaries": summaries,
+             "results": list(new.values())},
+            indent=2, default=str,
+        ) + "\n"
+    )  # fmt: skip
+    table = render_markdown(summaries, old_cap, args.max_tokens)
+    (args.out / "caps.md").write_text(table)
+    print(table)
+    return 0
+
+
+def reask(
+    args: argparse.Namespace,
+    cut: Sequence[Mapping[str, Any]],
+    points: Mapping[str, SweepPoint],
+    squad: SquadSet,
+    answer_style: str,
+) -> dict[tuple[str, str], dict[str, Any]]:
+    """Ask the cut (point, question) pairs again on the plan's service at --max-tokens."""
+    by_id = {q.question_id: q for q in squad.questions}
     requests = [(points[r["point"]], by_id[r["question_id"]]) for r in cut]
-    logger.info("%d answers cut at %d: asking them again at %d", len(cut), old_cap, args.max_tokens)
+    logger.info("%d answers cut: asking them again at %d", len(cut), args.max_tokens)
     with (
         quality_service(QUALITY_PLANS[args.plan], args.out, args.base_config, "caps") as url,
         httpx.Client(base_url=url, timeout=DEFAULT_TIMEOUT_S, trust_env=False) as client,
@@ -150,24 +216,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                 DEFAULT_TIMEOUT_S,
                 {p.paragraph_id for p in squad.paragraphs},
                 None,
-                doc["config"].get("answer_style", "explained"),
+                answer_style,
             )
         )
-    new = {(r.point, r.question_id): asdict(r) for r in results}
-    summaries = [
-        point_summary(name, doc["results"], new, old_cap, args.max_tokens) for name in points
-    ]
-    (args.out / "caps.json").write_text(
-        json.dumps(
-            {"config": vars(args) | {"old_cap": old_cap}, "summaries": summaries,
-             "results": list(new.values())},
-            indent=2, default=str,
-        ) + "\n"
-    )  # fmt: skip
-    table = render_markdown(summaries, old_cap, args.max_tokens)
-    (args.out / "caps.md").write_text(table)
-    print(table)
-    return 0
+    return {(r.point, r.question_id): asdict(r) for r in results}
 
 
 if __name__ == "__main__":
