@@ -37,7 +37,7 @@ from bench.bootstrap import Interval
 from bench.intervals import fmt_difference, interval_dict, paired_difference
 from bench.quality import DEFAULT_TIMEOUT_S, SweepPoint, iter_sweep
 from bench.service import ROOT
-from bench.squad import DEFAULT_CACHE_DIR, SQUAD_DEV_FILENAME, SquadSet, load_squad
+from bench.squad import DEFAULT_CACHE_DIR, SQUAD_DEV_FILENAME, load_squad
 from bench.stats import mean
 from bench.suite import QUALITY_PLANS, quality_service
 
@@ -57,7 +57,7 @@ def cut_answers(doc: Mapping[str, Any]) -> list[dict[str, Any]]:
 def is_loop(answer: str) -> bool:
     """Whether some run of LOOP_WORDS words occurs LOOP_TIMES times or more in the answer
     (words lower-cased, punctuation and list numbers dropped: "1. X 2. X 3. X" loops)."""
-    words = [w for w in re.sub(r"[\W\d_]+", " ", answer.lower()).split()]
+    words = re.sub(r"[\W\d_]+", " ", answer.lower()).split()
     runs = Counter(tuple(words[i : i + LOOP_WORDS]) for i in range(len(words) - LOOP_WORDS + 1))
     return bool(runs) and max(runs.values()) >= LOOP_TIMES
 
@@ -165,8 +165,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     doc = json.loads(args.results.read_text())
     old_cap = doc["config"]["max_tokens"]
-    cut = cut_answers(doc)
-    squad = load_squad(DEFAULT_CACHE_DIR / SQUAD_DEV_FILENAME)
     points = {
         p["name"]: SweepPoint(p["method"], p["rate"], p["top_k"]) for p in doc["config"]["points"]
     }
@@ -176,7 +174,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         new = {(r["point"], r["question_id"]): r for r in saved["results"]}
     else:
         config = vars(args) | {"old_cap": old_cap}
-        new = reask(args, cut, points, squad, doc["config"].get("answer_style", "explained"))
+        new = reask(args, cut_answers(doc), points, doc["config"].get("answer_style", "explained"))
     summaries = [
         point_summary(name, doc["results"], new, old_cap, args.max_tokens) for name in points
     ]
@@ -197,10 +195,10 @@ def reask(
     args: argparse.Namespace,
     cut: Sequence[Mapping[str, Any]],
     points: Mapping[str, SweepPoint],
-    squad: SquadSet,
     answer_style: str,
 ) -> dict[tuple[str, str], dict[str, Any]]:
     """Ask the cut (point, question) pairs again on the plan's service at --max-tokens."""
+    squad = load_squad(DEFAULT_CACHE_DIR / SQUAD_DEV_FILENAME)
     by_id = {q.question_id: q for q in squad.questions}
     requests = [(points[r["point"]], by_id[r["question_id"]]) for r in cut]
     logger.info("%d answers cut: asking them again at %d", len(cut), args.max_tokens)
