@@ -81,8 +81,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from bench.service import ROOT
 from bench.stats import Distribution, distribution, format_ms, per_s, tpot
+from harness.service import ROOT
 
 SIDES = ("static", "continuous")
 DEFAULT_MODEL = ROOT / ".models" / "smollm2-135m-instruct"

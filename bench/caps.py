@@ -36,10 +36,10 @@ import httpx
 from bench.bootstrap import Interval
 from bench.intervals import fmt_difference, interval_dict, paired_difference
 from bench.quality import DEFAULT_TIMEOUT_S, SweepPoint, iter_sweep
-from bench.service import ROOT
 from bench.squad import DEFAULT_CACHE_DIR, SQUAD_DEV_FILENAME, load_squad
 from bench.stats import mean
 from bench.suite import QUALITY_PLANS, quality_service
+from harness.service import ROOT
 
 logger = logging.getLogger(__name__)
 SCORES = ("f1", "contains_gold")

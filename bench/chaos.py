@@ -41,12 +41,13 @@ from typing import Any
 import httpx
 
 from app.config import parse_config
-from bench import bootstrap, faults, outcomes
+from bench import bootstrap, outcomes
 from bench.cluster import NodeSpec, local_cluster
 from bench.loadgen import RequestRecord, RequestSpec, make_client, run_load
 from bench.questions import DEFAULT_QUESTIONS as QUESTIONS
-from bench.service import ROOT, free_port, started_service
-from bench.variant import first_application, write_variant
+from harness import processes
+from harness.service import ROOT, free_port, started_service
+from harness.variant import first_application, write_variant
 
 SCENARIOS = ("overload", "overload-paced", "replica-kill", "node-loss", "fuzz")
 MAX_TOKENS = 32
@@ -232,16 +233,16 @@ def run_replica_kills(work: Path, seed: int) -> list[dict]:
         for index, (deployment, what) in enumerate(targets):
             wait_replicas(service.base_url, whole)
             if what == "engine":
-                victim = faults.engine_pids(service.pid)[0]
+                victim = processes.engine_pids(service.pid)[0]
             else:
-                victim = faults.replica_pids(service.pid, deployment)[0]
+                victim = processes.replica_pids(service.pid, deployment)[0]
             records, readiness, struck = asyncio.run(
                 load(
                     service.base_url,
                     specs(48, 100 * index),
                     concurrency=4,
                     seed=seed,
-                    strike=(5.0, functools.partial(faults.kill, victim)),
+                    strike=(5.0, functools.partial(processes.kill, victim)),
                 )
             )
             stage = STAGE_OF.get(deployment)

@@ -51,7 +51,6 @@ from bench.outputs import (
     write_json_and_markdown,
 )
 from bench.quality import DEFAULT_INDEX_DIR, QualityError, check_ready
-from bench.service import ROOT
 from bench.squad import (
     DEFAULT_CACHE_DIR,
     SQUAD_DEV_FILENAME,
@@ -60,6 +59,7 @@ from bench.squad import (
     load_squad,
     sample_questions,
 )
+from harness.service import ROOT
 
 logger = logging.getLogger(__name__)
 

@@ -24,8 +24,8 @@ from pathlib import Path
 
 import yaml
 
-from bench import faults
-from bench.service import ROOT, stop_process_group, tail
+from harness import processes
+from harness.service import ROOT, stop_process_group, tail
 
 BIN = Path(sys.executable).parent
 # Ray 2.60 turns token auth on; its CLI sends the token only when told to.
@@ -57,7 +57,7 @@ class Node:
     def raylet_pids(self) -> list[int]:
         return [
             p.pid
-            for p in faults.descendants(self.pid)
+            for p in processes.descendants(self.pid)
             if p.name() == "raylet" or "raylet" in " ".join(p.cmdline()[:1])
         ]
 
@@ -138,10 +138,10 @@ class Cluster:
     def take_away(self, name: str) -> list[int]:
         """Kill the raylet of node `name` (SIGKILL): the node is lost with what ran on it."""
         node = self.node(name)
-        node.orphans = [p.pid for p in faults.descendants(node.pid)]
+        node.orphans = [p.pid for p in processes.descendants(node.pid)]
         pids = node.raylet_pids()
         for pid in pids:
-            faults.kill(pid)
+            processes.kill(pid)
         return pids
 
 
@@ -191,10 +191,10 @@ def _start_node(spec: NodeSpec, log_dir: Path, role_args: list[str]) -> Node:
 def _stop_node(node: Node) -> None:
     """Stop everything under this node's `ray start`: its session first, then any
     descendant that lives in a process group of its own (Ray's workers do)."""
-    strays = [p.pid for p in faults.descendants(node.pid)] + node.orphans
+    strays = [p.pid for p in processes.descendants(node.pid)] + node.orphans
     stop_process_group(node.pid, grace_s=20)
     for pid in strays:
-        faults.kill(pid)
+        processes.kill(pid)
     if node.process.poll() is None:
         node.process.kill()
     node.process.wait()

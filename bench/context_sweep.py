@@ -50,10 +50,10 @@ import numpy as np
 from bench import bootstrap
 from bench.bootstrap import Interval
 from bench.intervals import faster_policy, fmt_ratio, independent_ratio, one_sample, paired_ratio
-from bench.service import ROOT, free_port, running_service
 from bench.squad import DEFAULT_CACHE_DIR, SQUAD_DEV_FILENAME, load_squad, sample_questions
 from bench.stats import median
-from bench.variant import parse_assignment, write_variant
+from harness.service import ROOT, free_port, running_service
+from harness.variant import parse_assignment, write_variant
 from retrieval.cost_model import CompressionCostModel, CompressorCost, PrefillCost
 from retrieval.models import DEFAULT_EMBEDDING_MODEL
 
@@ -234,7 +234,7 @@ def fit_compressor(records: Sequence[SweepRecord]) -> CompressorCost:
 
 
 def cost_model_overrides(model: CompressionCostModel, method: str) -> dict[str, float]:
-    """Dotted serve_config overrides (bench.variant) that set the fitted coefficients."""
+    """Dotted serve_config overrides (harness.variant) that set the fitted coefficients."""
     compressor = model.sentences if method == "sentences" else model.llmlingua
     name = "sentences" if method == "sentences" else "llmlingua"
     return {

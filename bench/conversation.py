@@ -66,9 +66,9 @@ from bench.outputs import (
     write_json_and_markdown,
 )
 from bench.quality import DEFAULT_INDEX_DIR, QualityError, check_ready
-from bench.service import ROOT
 from bench.squad import DEFAULT_CACHE_DIR, SQUAD_DEV_FILENAME, SquadFormatError, load_squad
 from bench.squad_metrics import document_id
+from harness.service import ROOT
 
 logger = logging.getLogger(__name__)
 

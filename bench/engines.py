@@ -8,7 +8,7 @@ costs or saves per request.
   (compression.llmlingua.enabled=false) to spare the 2-core machine's CPU; the default
   compression, sentence selection, does not need it.
 - external: vLLM's own OpenAI server, started here with the generator's engine arguments
-  (bench.vllm_server, as bench.overhead's vllm phase), and the same application with
+  (harness.vllm_server, as bench.overhead's vllm phase), and the same application with
   generator.engine=openai pointed at it: generator.openai.base_url http://127.0.0.1:PORT/v1,
   generator.deployment.num_cpus 0.1 (a light async actor now), and a read timeout as long
   as the ingress's request timeout, so neither side gives up on a request sooner.
@@ -49,10 +49,10 @@ from bench.loadgen import RequestRecord, RequestSpec
 from bench.outputs import positive_int, write_json_and_markdown
 from bench.overhead import Point, listening_pid, measure, tree_cpu_s
 from bench.questions import DEFAULT_QUESTIONS as QUESTIONS
-from bench.service import ROOT, free_port, started_service
 from bench.stats import format_ms, mean, median, percentile_or_none, summarize, tpot_ms
-from bench.variant import first_application, write_variant
-from bench.vllm_server import external_generator_overrides, serving_generator
+from harness.service import ROOT, free_port, started_service
+from harness.variant import first_application, write_variant
+from harness.vllm_server import external_generator_overrides, serving_generator
 
 SIDES = ("in-ray", "external")
 MAX_TOKENS = 32

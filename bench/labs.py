@@ -6,7 +6,7 @@
 - `sample_interval`: a statistic of one sample with its 95% bootstrap interval, and
   `difference_label`: what a paired interval says ("no detectable difference" when it holds 0).
 - `squad_service`: serve_config.yaml with `retriever.index_path` on the SQuAD index
-  (`python -m bench.quality prepare` builds it), started and stopped by bench.service, the
+  (`python -m bench.quality prepare` builds it), started and stopped by harness.service, the
   way bench.suite starts its variants.
 """
 
@@ -26,8 +26,8 @@ from pydantic import ValidationError
 from app.schemas import RagQueryResponse
 from bench import bootstrap, quality
 from bench.bootstrap import Interval
-from bench.service import ROOT, free_port, running_service
-from bench.variant import write_variant
+from harness.service import ROOT, free_port, running_service
+from harness.variant import write_variant
 
 QUERY_PATH = "/v1/rag/query"
 LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})

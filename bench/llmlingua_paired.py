@@ -25,8 +25,8 @@ import numpy as np
 
 from bench.intervals import fmt_ratio, paired_ratio
 from bench.llmlingua_speed import VARIANTS, SpeedVariant, timed_compression
-from bench.service import ROOT
 from bench.squad import DEFAULT_CACHE_DIR, SQUAD_DEV_FILENAME, load_squad, sample_questions
+from harness.service import ROOT
 from retrieval.budget import TokenCounter
 from retrieval.compression import ChunkCompressor, count_context_tokens
 from retrieval.context import ContextChunk

@@ -35,8 +35,8 @@ from typing import Any
 
 import numpy as np
 
-from bench.service import ROOT
 from bench.stats import percentile
+from harness.service import ROOT
 from pipeline.messages import CompressionPlan
 from retrieval.budget import TokenCounter
 from retrieval.compression import ChunkCompressor, compress_chunks, count_context_tokens

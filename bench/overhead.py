@@ -43,13 +43,14 @@ import httpx
 import psutil
 
 from app.config import parse_config
-from bench import bootstrap, faults
+from bench import bootstrap
 from bench.loadgen import RequestRecord, RequestSpec, make_client, run_load
 from bench.questions import DEFAULT_QUESTIONS as QUESTIONS
-from bench.service import ROOT, free_port, running_server, started_service
 from bench.stats import median, percentile_or_none
-from bench.variant import first_application, write_variant
-from bench.vllm_server import running_vllm, vllm_environment, vllm_serve_argv
+from harness import processes
+from harness.service import ROOT, free_port, running_server, started_service
+from harness.variant import first_application, write_variant
+from harness.vllm_server import running_vllm, vllm_environment, vllm_serve_argv
 from retrieval.models import resolve_model_reference
 from retrieval.prompt import build_messages
 
@@ -106,7 +107,7 @@ def _ttft(record: RequestRecord) -> float | None:
 def tree_cpu_s(root_pid: int) -> float:
     """User + system CPU seconds of `root_pid` and every living descendant."""
     total = 0.0
-    for process in [psutil.Process(root_pid), *faults.descendants(root_pid)]:
+    for process in [psutil.Process(root_pid), *processes.descendants(root_pid)]:
         try:
             times = process.cpu_times()
             total += times.user + times.system

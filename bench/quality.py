@@ -8,7 +8,7 @@
 `prepare` fetches SQuAD v1.1 dev (bench.squad), writes its paragraphs as a JSONL corpus and,
 only when the index is missing, builds it with the project's own `python -m retrieval.build`.
 The service must then serve that index: write a variant with
-`python -m bench.variant --set retriever.index_path=indexes/squad-dev --out ...` and start it.
+`python -m harness.variant --set retriever.index_path=indexes/squad-dev --out ...` and start it.
 
 `run` samples questions with a seed and sends each one once per sweep point to
 POST /v1/rag/query (include_context, temperature 0, the point's top_k and compression), one
@@ -363,7 +363,7 @@ def iter_sweep(
                 raise QualityError(
                     "the service's sources are not SQuAD paragraphs (got "
                     f"{result.source_doc_ids[:3]}); serve the index `prepare` built "
-                    "(retriever.index_path, see bench.variant)"
+                    "(retriever.index_path, see harness.variant)"
                 )
         logger.info(
             "[%d/%d] %s %s: %s",

@@ -31,8 +31,8 @@ from typing import Any
 from bench import bootstrap, outcomes
 from bench.loadgen import RequestRecord, RequestSpec, make_client, run_load
 from bench.questions import DEFAULT_QUESTIONS as QUESTIONS
-from bench.service import ROOT, free_port, started_service
-from bench.variant import write_variant
+from harness.service import ROOT, free_port, started_service
+from harness.variant import write_variant
 
 PACED = {
     "generator.engine": "paced",

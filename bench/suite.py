@@ -3,7 +3,7 @@
     python -m bench.suite --plan quick --out bench-results/quick
     python -m bench.suite --plan eval-quick --out bench-results/eval-quick
 
-Every variant is a config change (bench.variant overrides on serve_config.yaml), started
+Every variant is a config change (harness.variant overrides on serve_config.yaml), started
 with `serve run` like a user would. Compression methods are per request, so one service
 start covers all of them; prefix caching needs its own start. Results: one JSON and one
 Markdown file per load point (bench.latency), SUMMARY.md concatenating the tables, and the
@@ -24,8 +24,8 @@ import httpx
 
 from bench import latency, quality
 from bench.plots import write_plots
-from bench.service import ROOT, free_port, running_service
-from bench.variant import write_variant
+from harness.service import ROOT, free_port, running_service
+from harness.variant import write_variant
 
 logger = logging.getLogger(__name__)
 

@@ -40,7 +40,7 @@ from typing import Any, cast
 
 from bench.bootstrap import ratio_ci
 from bench.outputs import positive_float, write_json_and_markdown
-from bench.service import ROOT, stop_process
+from harness.service import ROOT, stop_process
 
 QUESTION = "How does prefix caching lower the time to the first token of an answer? " * 20
 CHUNK = ("Retrieved chunks are embedded and indexed; a job embeds each new one. " * 6)[:400]

@@ -14,7 +14,7 @@ stops at once, exit status 2, naming what is missing.
    `--corpus` (data/corpus) with the profile's embedder (`python -m retrieval.build`).
 2. The profile, with that index, loopback on `--port` and, if given, another accelerator
    type, is written beside `--out` and started with `serve run` in a process group of its
-   own (bench.service), with RAG_API_KEYS set to a key made for this run; stopped by its
+   own (harness.service), with RAG_API_KEYS set to a key made for this run; stopped by its
    process group on exit, whatever happens.
 3. Probes: one question per compression method (none, sentences, llmlingua; policy
    `always`, so each method runs), each sent twice in a row, streamed (bench.loadgen): the
@@ -51,8 +51,8 @@ from app.config import PROJECT_ROOT, RagAppConfig, parse_config
 from bench.floors import EngineSettings, Workload, compute_floors
 from bench.hardware import GPUS, MODELS, WEIGHT_BYTES_PER_PARAM, gpu_preset, model_preset
 from bench.loadgen import RequestRecord, RequestSpec, make_client, run_load
-from bench.service import ServiceError, started_service
 from bench.stats import tpot_ms
+from harness.service import ServiceError, started_service
 from retrieval.cost_model import CompressionCostModel
 from scripts.stage_costs import METHODS, QUESTIONS
 

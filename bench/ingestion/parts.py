@@ -42,7 +42,7 @@ from bench.ingestion.summary import (
     delete_summary,
     latency_summary,
 )
-from bench.service import wait_for_every_stage
+from harness.service import wait_for_every_stage
 
 COLLECTION = "ingestion-lab"
 API_KEY = "bench-ingestion-key-0123456789"

@@ -15,8 +15,8 @@ from bench.ingestion.summary import (
     load_summary,
     ratio_reading,
 )
-from bench.service import ROOT
 from bench.stats import format_ms
+from harness.service import ROOT
 
 
 def git_state() -> dict[str, Any]:

@@ -18,9 +18,9 @@ from bench.ingestion.inputs import load_passages
 from bench.ingestion.parts import API_KEY, COLLECTION, phase_plan, run_parts
 from bench.ingestion.report import build_document, git_state, markdown
 from bench.outputs import label, positive_float, positive_int, write_json_and_markdown
-from bench.service import ROOT, free_port, started_service
 from bench.squad import DEFAULT_CACHE_DIR, SQUAD_DEV_FILENAME
-from bench.variant import write_variant
+from harness.service import ROOT, free_port, started_service
+from harness.variant import write_variant
 
 DEFAULT_OUT = Path("bench-results/ingestion")
 READY_TIMEOUT_S = 420.0
@@ -83,7 +83,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     phase_plan(args.phases)  # at least one phase of each condition
 
     from app.config import parse_config
-    from bench.variant import first_application
+    from harness.variant import first_application
     from retrieval.documents import load_documents
 
     passages_kind, passages = load_passages(args.corpus, args.squad_file)

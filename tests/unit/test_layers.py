@@ -48,9 +48,25 @@ def test_stages_and_the_pipeline_import_no_ray_no_web_framework_and_no_app(path)
 
 @pytest.mark.parametrize(
     "path",
-    [p for package in ("app", "pipeline", "retrieval", "generation", "bench", "scripts")
-     for p in modules(package)],
+    [p for package in ("app", "pipeline", "retrieval", "generation", "bench", "scripts",
+                       "harness") for p in modules(package)],
     ids=lambda p: f"{p.parent.name}/{p.name}",
 )  # fmt: skip
 def test_nothing_imports_the_ray_wiring(path):
     assert "deployments" not in imported_packages(path)
+
+
+@pytest.mark.parametrize("path", modules("harness"), ids=lambda p: p.name)
+def test_the_service_harness_imports_no_benchmark(path):
+    # Tests start services through it; a lab is not something a test should depend on.
+    assert "bench" not in imported_packages(path)
+
+
+@pytest.mark.parametrize(
+    "path",
+    [p for package in ("app", "pipeline", "retrieval", "generation", "deployments")
+     for p in modules(package)],
+    ids=lambda p: f"{p.parent.name}/{p.name}",
+)  # fmt: skip
+def test_the_product_imports_neither_the_harness_nor_the_benchmarks(path):
+    assert not imported_packages(path) & {"harness", "bench"}

@@ -13,7 +13,7 @@ from bench.engines import compare, markdown, point_specs, report, side_summary, 
 from bench.loadgen import RequestRecord, request_body
 from bench.overhead import Point
 from bench.questions import DEFAULT_QUESTIONS
-from bench.service import ROOT
+from harness.service import ROOT
 
 BASE = ROOT / "serve_config.yaml"
 

@@ -1,4 +1,4 @@
-"""bench.quality and bench.variant: the sweep against a fake service, prepare, config variants.
+"""bench.quality and harness.variant: the sweep against a fake service, prepare, config variants.
 
 The service is an httpx.MockTransport answering canned replies; every expected aggregate is
 worked out by hand in the comment beside the canned reply it comes from.
@@ -22,8 +22,8 @@ from app.config import ConfigError, parse_config
 from bench import quality
 from bench.quality import SWEEPS, SweepPoint
 from bench.squad import SQUAD_DEV_FILENAME
-from bench.variant import VariantError, write_variant
-from bench.variant import main as variant_main
+from harness.variant import VariantError, write_variant
+from harness.variant import main as variant_main
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 BASE_CONFIG = REPO_ROOT / "serve_config.yaml"

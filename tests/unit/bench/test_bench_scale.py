@@ -12,7 +12,7 @@ import pytest
 from app.config import ConfigError, parse_config
 from bench import scale
 from bench.loadgen import RequestRecord
-from bench.variant import first_application, write_variant
+from harness.variant import first_application, write_variant
 
 matplotlib.use("Agg")
 

@@ -9,7 +9,7 @@ import yaml
 
 from app.config import parse_config
 from bench.suite import PLANS, QUALITY_PLANS
-from bench.variant import write_variant
+from harness.variant import write_variant
 
 ROOT = Path(__file__).resolve().parents[3]
 

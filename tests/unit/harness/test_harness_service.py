@@ -1,4 +1,4 @@
-"""bench.service's processes, with small Python processes in place of `serve run` and
+"""harness.service's processes, with small Python processes in place of `serve run` and
 `vllm serve`: a server started in its own session, awaited on its readiness URL and stopped
 through its process group, and nothing else."""
 
@@ -16,8 +16,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from bench import service
-from bench.service import (
+from harness import service
+from harness.service import (
     ServiceError,
     free_port,
     running_server,

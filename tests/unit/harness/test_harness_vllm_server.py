@@ -1,4 +1,4 @@
-"""bench.vllm_server: the vLLM command from the config, checked against the rules of vLLM's
+"""harness.vllm_server: the vLLM command from the config, checked against the rules of vLLM's
 own parser (written out by hand, no vLLM runs), and the server's run, with a small Python
 HTTP server in vLLM's place."""
 
@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 
 from app.config import parse_config
-from bench import service, vllm_server
-from bench.service import ServiceError, free_port
-from bench.variant import apply_overrides, first_application
-from bench.vllm_server import (
+from harness import service, vllm_server
+from harness.service import ServiceError, free_port
+from harness.variant import apply_overrides, first_application
+from harness.vllm_server import (
     STOP_TIMEOUT_S,
     VLLM_SERVER_MODULE,
     engine_flag,

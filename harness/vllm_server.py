@@ -1,5 +1,5 @@
 """vLLM alone, as bench.overhead's vllm phase runs it: the `vllm serve` command and
-environment of the pipeline's generator, and the server's run (bench.service.running_server).
+environment of the pipeline's generator, and the server's run (harness.service.running_server).
 
 The command carries the generator's model folder, served name, max_model_len and every
 engine_kwargs entry of the serve config, so vLLM alone runs the engine the pipeline runs.
@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from app.config import PROJECT_ROOT, GeneratorConfig, parse_config
-from bench.service import free_port, running_server
+from harness.service import free_port, running_server
 from retrieval.models import resolve_model_reference
 
 # Flags vllm_serve_argv sets itself; an engine_kwargs key among them is refused, not overridden.
@@ -31,7 +31,7 @@ VLLM_SERVER_MODULE = "vllm.entrypoints.launchers.api_server.entry"
 # How long the server and its engine processes may take to exit on SIGTERM before they are
 # killed.
 STOP_TIMEOUT_S = 60.0
-HEALTH_POLL_S = 2.0
+HEALTH_POLL_S = 0.5
 
 
 def engine_flag(key: str, value: Any) -> list[str]:
@@ -116,35 +116,54 @@ class GeneratorServer:
     base_url: str
 
 
-@contextmanager
-def serving_generator(
-    application: Mapping[str, Any], log_path: Path, ready_timeout_s: float
-) -> Iterator[GeneratorServer]:
-    """vLLM's own server for the generator of a serve config's `application` (the entry
-    of its `applications:`): the generator's model folder and engine arguments, the
-    replica's environment (runtime_env env_vars, then generator.env_vars), on a free
-    loopback port. Stopped on exit, whatever happened (as `running_vllm`)."""
+@dataclass(frozen=True)
+class GeneratorCommand:
+    """How to run vLLM's own server for a serve config's generator: its command, the
+    replica's environment, and the loopback port it will listen on."""
+
+    argv: list[str]
+    env: dict[str, str]
+    port: int
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+
+def generator_command(application: Mapping[str, Any]) -> GeneratorCommand:
+    """vLLM's own server for the generator of a serve config's `application` (the entry of
+    its `applications:`): the generator's model folder and engine arguments, the replica's
+    environment (runtime_env env_vars, then generator.env_vars), on a free loopback port."""
     generator = parse_config(application.get("args") or {}).generator
     port = free_port()
     model_path = resolve_model_reference(generator.model_source, PROJECT_ROOT)
     argv = vllm_serve_argv(sys.executable, model_path, generator, "127.0.0.1", port)
     app_env = application.get("runtime_env", {}).get("env_vars", {})
-    base_url = f"http://127.0.0.1:{port}"
+    return GeneratorCommand(argv, vllm_environment(os.environ, app_env, generator), port)
+
+
+@contextmanager
+def serving_generator(
+    application: Mapping[str, Any], log_path: Path, ready_timeout_s: float
+) -> Iterator[GeneratorServer]:
+    """`generator_command`'s server, started and awaited; stopped on exit, whatever
+    happened (as `running_vllm`)."""
+    command = generator_command(application)
     with running_server(
-        argv,
-        f"{base_url}/health",
+        command.argv,
+        f"{command.base_url}/health",
         log_path,
-        env=vllm_environment(os.environ, app_env, generator),
+        env=command.env,
         name="vllm serve",
         ready_timeout_s=ready_timeout_s,
         poll_s=HEALTH_POLL_S,
         stop_grace_s=STOP_TIMEOUT_S,
     ) as process:
-        yield GeneratorServer(process, port, base_url)
+        yield GeneratorServer(process, command.port, command.base_url)
 
 
 def external_generator_overrides(base_url: str, read_timeout_s: float) -> dict[str, Any]:
-    """Overrides (bench.variant's dotted keys) that make an application stream from the
+    """Overrides (harness.variant's dotted keys) that make an application stream from the
     OpenAI-compatible server at `base_url` (generator.engine: openai) instead of running
     vLLM in Ray; its generator deployment becomes a light async actor."""
     return {

@@ -1,7 +1,7 @@
-"""bench.faults against a small process tree started here: a Python root whose children take
+"""harness.processes against a small process tree started here: a Python root whose children take
 Ray's and vLLM's process titles (`exec -a`), one of them with a child of its own. Only what
 lies under the given root is found. Every process started here is killed by its pid, found
-with psutil directly, never through bench.faults (a broken `descendants` must not make the
+with psutil directly, never through harness.processes (a broken `descendants` must not make the
 cleanup kill processes that are not ours)."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from collections.abc import Iterable
 import psutil
 import pytest
 
-from bench import faults
+from harness import processes
 
 RETRIEVER = "ray::ServeReplica:rag:Retriever"
 GENERATOR = "ray::ServeReplica:rag:Generator"
@@ -117,90 +117,90 @@ def outsider():
 def test_descendants_are_every_process_under_the_root_at_any_depth(tree, outsider):
     root, (first, second, generator, worker, engine) = tree
 
-    found = {process.pid for process in faults.descendants(root.pid)}
+    found = {process.pid for process in processes.descendants(root.pid)}
 
     assert found == {first, second, generator, worker, engine}
-    assert {p.pid for p in faults.descendants(generator)} == {engine}
-    assert faults.descendants(engine) == []
+    assert {p.pid for p in processes.descendants(generator)} == {engine}
+    assert processes.descendants(engine) == []
 
 
 def test_descendants_of_a_gone_process_are_none():
     process = subprocess.Popen(["true"])
     process.wait()
-    assert faults.descendants(process.pid) == []
+    assert processes.descendants(process.pid) == []
 
 
 def test_replica_pids_are_the_titled_descendants_oldest_first(tree, outsider):
     root, (first, second, generator, _, engine) = tree
 
-    assert faults.replica_pids(root.pid, "Retriever") == [first, second]
-    assert outsider.pid not in faults.replica_pids(root.pid, "Retriever")
-    assert faults.replica_pids(root.pid, "Generator") == [generator]
-    assert faults.replica_pids(root.pid, "Compressor") == []
-    assert faults.replica_pids(root.pid, "Retriever", app="other") == []
-    assert faults.engine_pids(root.pid) == [engine]
+    assert processes.replica_pids(root.pid, "Retriever") == [first, second]
+    assert outsider.pid not in processes.replica_pids(root.pid, "Retriever")
+    assert processes.replica_pids(root.pid, "Generator") == [generator]
+    assert processes.replica_pids(root.pid, "Compressor") == []
+    assert processes.replica_pids(root.pid, "Retriever", app="other") == []
+    assert processes.engine_pids(root.pid) == [engine]
     # Under the generator replica only: the engine is its child.
-    assert faults.engine_pids(generator) == [engine]
-    assert faults.replica_pids(generator, "Generator") == []  # the root itself is not listed
+    assert processes.engine_pids(generator) == [engine]
+    assert processes.replica_pids(generator, "Generator") == []  # the root itself is not listed
 
 
 def test_titled_matches_the_start_of_argv0(tree):
     root, (first, second, generator, worker, _) = tree
 
-    assert faults.titled(root.pid, "ray::ServeReplica:") == [first, second, generator]
-    assert faults.titled(root.pid, "ray::") == [first, second, generator, worker]
-    assert faults.titled(root.pid, GENERATOR) == [generator]
+    assert processes.titled(root.pid, "ray::ServeReplica:") == [first, second, generator]
+    assert processes.titled(root.pid, "ray::") == [first, second, generator, worker]
+    assert processes.titled(root.pid, GENERATOR) == [generator]
     # argv[0] is the title; the arguments after it are not searched.
-    assert faults.titled(root.pid, "60") == []
-    assert faults.titled(root.pid, "sleep") == []
+    assert processes.titled(root.pid, "60") == []
+    assert processes.titled(root.pid, "sleep") == []
 
 
 def test_titled_under_a_root_without_such_children_is_empty(outsider):
-    assert faults.titled(os.getpid(), "no-such-title::") == []
+    assert processes.titled(os.getpid(), "no-such-title::") == []
     # The outsider is our own child, so it is found from here, and only from here.
-    assert faults.titled(os.getpid(), RETRIEVER) == [outsider.pid]
+    assert processes.titled(os.getpid(), RETRIEVER) == [outsider.pid]
 
 
 def test_kill_ends_one_replica_and_leaves_the_rest(tree):
     root, (first, second, generator, worker, engine) = tree
     victim = psutil.Process(first)
 
-    faults.kill(first)
+    processes.kill(first)
 
     # The root never reaps its children: the victim stays a zombie, which is not alive and
     # no longer listed as a replica.
-    wait_for(lambda: not faults.alive(victim))
+    wait_for(lambda: not processes.alive(victim))
     assert victim.status() == psutil.STATUS_ZOMBIE
-    assert faults.replica_pids(root.pid, "Retriever") == [second]
-    assert all(faults.alive(psutil.Process(pid)) for pid in (second, generator, worker, engine))
+    assert processes.replica_pids(root.pid, "Retriever") == [second]
+    assert all(processes.alive(psutil.Process(pid)) for pid in (second, generator, worker, engine))
 
 
 def test_kill_of_the_engine_leaves_its_replica_alive(tree):
     root, (_, _, generator, _, engine) = tree
 
-    faults.kill(engine, signal.SIGTERM)
+    processes.kill(engine, signal.SIGTERM)
 
-    wait_for(lambda: faults.engine_pids(root.pid) == [])
-    assert faults.replica_pids(root.pid, "Generator") == [generator]
+    wait_for(lambda: processes.engine_pids(root.pid) == [])
+    assert processes.replica_pids(root.pid, "Generator") == [generator]
 
 
 def test_kill_tolerates_a_process_that_is_already_gone():
     process = subprocess.Popen(["true"])
     process.wait()
 
-    faults.kill(process.pid, 0)  # signal 0: no harm even if the pid were reused meanwhile
+    processes.kill(process.pid, 0)  # signal 0: no harm even if the pid were reused meanwhile
     with open("/proc/sys/kernel/pid_max") as pid_max:
-        faults.kill(int(pid_max.read()) + 1)  # a pid that cannot exist, with SIGKILL
+        processes.kill(int(pid_max.read()) + 1)  # a pid that cannot exist, with SIGKILL
 
 
 def test_alive():
     process = subprocess.Popen(["sleep", "60"])
     handle = psutil.Process(process.pid)
     try:
-        assert faults.alive(handle)
-        faults.kill(process.pid)
+        assert processes.alive(handle)
+        processes.kill(process.pid)
         wait_for(lambda: handle.status() == psutil.STATUS_ZOMBIE)
-        assert not faults.alive(handle)  # dead, not yet reaped
+        assert not processes.alive(handle)  # dead, not yet reaped
     finally:
         kill_and_reap(process)
-    assert not faults.alive(handle)  # reaped: gone
+    assert not processes.alive(handle)  # reaped: gone
