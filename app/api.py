@@ -1,9 +1,10 @@
 """The HTTP API: routes, admission, and the one place failures become responses.
 
 `create_api(state)` builds the FastAPI app around one ingress replica's `ApiState`; the
-routes read it from `app.state.rag`. Order of checks on a /v1 request: body size (413,
-before the body is read), API key (401), per-key rate (429), then the route validates the
-body (400), then admission: readiness from memory (503 not_ready) and the in-flight gate
+routes read it from `app.state.rag`. Order of checks on a /v1 request: API key (401)
+and per-key rate (429) from the headers alone; body size (413, from Content-Length before
+the body is read, or as a chunked body passes the limit); then the route validates the
+body (400); then admission: readiness from memory (503 not_ready) and the in-flight gate
 (503 overloaded), both with Retry-After and without calling any stage.
 """
 
@@ -91,6 +92,16 @@ class ApiState:
     # The collections API's backend (the collection writer); None: collections are off.
     collections: CollectionsBackend | None = None
 
+    def retune(self, config: RagAppConfig) -> None:
+        """Serve the ingress-only settings of `config` (app.tuning) from the next request
+        on: limits, timeouts, the rate limit (its buckets kept when it is unchanged)."""
+        if config.ingress.rate_limit != self.config.ingress.rate_limit:
+            limit = config.ingress.rate_limit
+            self.rate_limiter = KeyRateLimiter(limit.requests_per_s, limit.burst) if limit else None
+        self.gate.limit = config.in_flight_limit()
+        self.pipeline.set_timeouts(config.compression.timeout_s, config.citations.timeout_s)
+        self.config = config
+
 
 def create_api(state: ApiState | None = None) -> FastAPI:
     """The FastAPI app; without `state` every /v1 route answers 503 (not ready)."""
@@ -125,14 +136,16 @@ def create_api(state: ApiState | None = None) -> FastAPI:
         uploading = scope["method"] == "POST" and UPLOAD_PATH.fullmatch(scope["path"])
         return upload_limit if uploading else limit
 
-    # Middleware added last runs first: the body-size check, then the request guard.
-    api.add_middleware(RequestGuard)
+    # Middleware added last runs first: the request guard (key, rate), then the body-size
+    # check. No body byte is read for a caller without a valid key: a chunked body is only
+    # buffered (up to its limit) once the guard has let the request through.
     api.add_middleware(
         BodySizeLimit,
         max_bytes=limit,
         render_error=lambda scope: error_body(payload_too_large(limit_of(scope))),
         max_bytes_for=limit_of,
     )
+    api.add_middleware(RequestGuard)
     if state is not None:
         # Outermost: it sees the errors of the two above as well as the handlers'.
         api.add_middleware(ErrorCounter, sink=state.count_error)

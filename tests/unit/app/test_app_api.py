@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from app_fakes import make_state
 from fastapi.testclient import TestClient
 
 from app.api import create_api
@@ -478,6 +479,54 @@ def test_key_is_checked_before_the_body_is_validated(secured, stages):
 
     error_of(response, 401, "authentication_error", code="invalid_api_key")
     assert stages.calls == []
+
+
+async def _call_without_reading(api, path: str, headers: list[tuple[bytes, bytes]]) -> tuple:
+    """Drive the ASGI app with a chunked POST whose body must not be read: (status, how
+    many times the app asked for the body)."""
+    asked = 0
+    sent: list[dict] = []
+
+    async def receive():
+        nonlocal asked
+        asked += 1
+        return {"type": "http.request", "body": b"x" * 65536, "more_body": True}
+
+    async def send(message):
+        sent.append(message)
+
+    scope = {
+        "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST",
+        "scheme": "http", "path": path, "raw_path": path.encode(), "query_string": b"",
+        "root_path": "", "headers": [(b"transfer-encoding", b"chunked"), *headers],
+        "client": ("127.0.0.1", 5000), "server": ("127.0.0.1", 8000),
+    }  # fmt: skip
+    await api(scope, receive, send)
+    return sent[0]["status"], asked
+
+
+@pytest.mark.parametrize("path", [QUERY, "/v1/collections/notes/documents"])
+@pytest.mark.parametrize("headers", [[], [(b"authorization", b"Bearer wrong-key-of-some-length")]])
+def test_no_body_byte_is_read_before_the_key_is_checked(path, headers):
+    import asyncio
+
+    api = create_api(make_state(settings=Settings(environment="production", api_keys=(KEY,))))
+
+    status, asked = asyncio.run(_call_without_reading(api, path, headers))
+
+    assert (status, asked) == (401, 0)
+
+
+def test_a_chunked_body_past_the_limit_from_a_valid_key_is_413(client_for):
+    import asyncio
+
+    api = create_api(make_state(settings=Settings(environment="production", api_keys=(KEY,))))
+    headers = [(b"authorization", f"Bearer {KEY}".encode())]
+
+    status, asked = asyncio.run(_call_without_reading(api, QUERY, headers))
+
+    # The default body limit is 256 KiB: the fifth 64 KiB chunk passes it.
+    assert (status, asked) == (413, 5)
 
 
 def test_right_key_is_accepted_and_health_stays_open(secured):
