@@ -21,6 +21,7 @@ from app.api import ApiState, create_api
 from app.config import PROJECT_ROOT, RagAppConfig
 from app.readiness import ReadinessMonitor, ReplicaCounts
 from app.settings import load_settings
+from app.tuning import tuned
 from deployments.collection_handles import HandleCollections
 from deployments.handles import HandleStages
 from deployments.metrics import PipelineMetrics
@@ -53,6 +54,7 @@ class RagIngress:
     ) -> None:
         """`writer` is the collection writer (None: collections are off)."""
         settings = load_settings()
+        self._built_with = config
         fallback = PromptPreparer.load(
             resolve_model_reference(config.generator.tokenizer_source(), PROJECT_ROOT),
             config.prompt.system_prompts(),
@@ -99,6 +101,17 @@ class RagIngress:
         logger.info(
             "ingress ready (auth %s, %d requests in flight at most)",
             "on" if settings.auth_required else "off",
+            self._state.gate.limit,
+        )
+
+    def reconfigure(self, user_config: dict) -> None:
+        """Serve's user_config: ingress-only settings (app.tuning) applied in place, on top
+        of the config this replica was built with; a bad key fails the update, naming it."""
+        config = tuned(self._built_with, user_config)
+        self._state.retune(config)
+        logger.info(
+            "ingress retuned by user_config %s (%d requests in flight at most)",
+            user_config,
             self._state.gate.limit,
         )
 

@@ -198,6 +198,13 @@ class RagPipeline:
         self._conversation = conversation or ConversationSettings()
         self._attribution_timeout_s = attribution_timeout_s
 
+    def set_timeouts(
+        self, compressor_timeout_s: float | None, attribution_timeout_s: float | None
+    ) -> None:
+        """New waits for the compressor and for attribution, from the next request on."""
+        self._compressor_timeout_s = compressor_timeout_s
+        self._attribution_timeout_s = attribution_timeout_s
+
     async def run(self, query: RagQuery) -> AsyncGenerator[PipelineEvent, None]:
         """Yield a SourcesEvent, TokenEvents, then a DoneEvent (or a FailedEvent)."""
         search, rewrite_ms = await self._retrieval_query(query)
