@@ -113,6 +113,8 @@ class RequestRecord:
     retry_after: str | None = None
     server_timings_ms: dict[str, float] | None = None
     server_tpot_ms: float | None = None
+    # Why the answer went out with its context uncompressed (the response's `degraded`).
+    degraded: str | None = None
     # With include_context on the chat endpoint: (id, title, text) of each passage the
     # model saw, in prompt order.
     passages: list[tuple[str, str, str]] | None = None
@@ -272,6 +274,7 @@ class _Stream:
     cached_prompt_tokens: int | None = None
     timings_ms: dict[str, float] | None = None
     tpot_ms: float | None = None
+    degraded: str | None = None
     titles: dict[str, str] = field(default_factory=dict)
     passages: list[tuple[str, str, str]] | None = None
     ended_at: float | None = None
@@ -328,6 +331,8 @@ class _Stream:
             }
         if isinstance(rag.get("tpot_ms"), int | float):
             self.tpot_ms = float(rag["tpot_ms"])
+        if isinstance(rag.get("degraded"), str):
+            self.degraded = rag["degraded"]
 
 
 async def _send(
@@ -398,6 +403,7 @@ def _fill(
     record.output_tokens = stream.deltas if stream.usage_tokens is None else stream.usage_tokens
     record.server_timings_ms = stream.timings_ms
     record.server_tpot_ms = stream.tpot_ms
+    record.degraded = stream.degraded
     record.passages = stream.passages
     record.ok = kind is None
     record.error_kind = kind

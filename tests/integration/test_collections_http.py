@@ -3,8 +3,9 @@
 delete them, while queries run, with two retriever and two compressor replicas, so every
 replica has to switch to each new version.
 
-One `serve run` for the module (vLLM inside Ray, real FAISS, BM25, sentence-transformers and
-LLMLingua), its collections in the test's own folder. Answers are kept short (a few tokens):
+The session's shared service (vLLM inside Ray, real FAISS, BM25, sentence-transformers and
+LLMLingua; tests/services.py), its collections in a temp dir; every test works on
+collections of its own. Answers are kept short (a few tokens):
 these tests are about what is retrieved, which the response's sources show.
 """
 
@@ -39,16 +40,12 @@ FILLER = [
 ]
 
 
-def two_replicas_each(args: dict, folder: Path) -> None:
-    """Two retrievers and two compressors, with CPU reservations that fit two cores."""
-    args["retriever"]["deployment"].update(num_replicas=2, num_cpus=0.1)
-    args["compression"]["deployment"].update(num_replicas=2, num_cpus=0.2)
-
-
 @pytest.fixture(scope="module")
-def service(tmp_path_factory, serving):
-    with serving(tmp_path_factory, "vllm", two_replicas_each) as started:
-        yield started
+def service(shared_service):
+    """The shared service runs two retrievers and two compressors (tests/services.py)."""
+    assert shared_service.config["retriever"]["deployment"]["num_replicas"] == 2
+    assert shared_service.config["compression"]["deployment"]["num_replicas"] == 2
+    return shared_service
 
 
 @pytest.fixture(scope="module")
@@ -190,11 +187,20 @@ def test_the_collection_routes_need_the_api_key(service):
     assert_error(response, 401)
 
 
-def test_added_documents_are_retrieved_on_the_next_query(client):
+FERRIES = {"id": "ferries", "title": "Ferries", "text": (
+    "Tessaly Station runs three orbital ferries to the moon Karsk. The largest, the Amber "
+    "Heron, carries 340 passengers.")}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def facts(client) -> dict:
+    """The collection "facts" with the filler and the ferries; the job that filled it."""
     create(client, "facts")
-    job = add(client, "facts", [*FILLER, {"id": "ferries", "title": "Ferries", "text": (
-        "Tessaly Station runs three orbital ferries to the moon Karsk. The largest, the Amber "
-        "Heron, carries 340 passengers.")}])  # fmt: skip
+    return add(client, "facts", [*FILLER, FERRIES])
+
+
+def test_added_documents_are_retrieved_on_the_next_query(client, facts):
+    job = facts
 
     answer = query(client, "facts", "How many passengers does the Amber Heron carry?")
 
@@ -206,7 +212,7 @@ def test_added_documents_are_retrieved_on_the_next_query(client):
     assert answer["degraded"] is None  # the compressor read the same version's sentences
 
 
-def test_the_chat_endpoint_answers_from_a_collection(service, client):
+def test_the_chat_endpoint_answers_from_a_collection(service, client, facts):
     question = "How many passengers does the Amber Heron carry?"
     chat = client.post("/v1/chat/completions", json={
         "model": service.config["generator"]["model_id"],

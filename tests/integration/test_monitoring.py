@@ -1,13 +1,16 @@
 """The dashboard against real data: the real service, scraped by a real Prometheus.
 
-The module starts the application (`serve run`, its Ray instance in a temp dir of its own so
-the discovery file is this session's) and Debian's Prometheus with monitoring/prometheus.yml
-pointed at it, sends traffic of every kind the panels show (answers, streams, compression
-methods, errors, a compressor timeout answered degraded, requests past the key's rate limit),
-and in each round an ingestion job into a collection of the test's own (a document added, one
-replaced, an unreadable file) and a query that opens the collection's new version; it waits
-for the scrapes, and runs every panel's PromQL through Prometheus's HTTP API: each must
-return data, with the Application filter set to this application. MONITORING_SCREENSHOT=path
+The module uses the session's shared service (tests/services.py, its Ray instance in a temp
+dir of its own, so the discovery file is this service's), retuned for the module through
+the ingress's user_config (a short compressor timeout, a per-key rate limit), and starts
+Debian's Prometheus with monitoring/prometheus.yml pointed at it. It sends traffic of every
+kind the panels show (answers, streams, compression methods, errors, a compressor timeout
+answered degraded, requests past the key's rate limit), and in each round an ingestion job
+into a collection of the module's own (a document added, one replaced, an unreadable file)
+and a query that opens the collection's new version; it waits for the scrapes, and runs
+every panel's PromQL through Prometheus's HTTP API: each must return data, with the
+Application filter set to this application. Counts are checked as the increase over the
+module's own traffic: other modules use the same service. MONITORING_SCREENSHOT=path
 renders the panels from the same queries into a PNG (the docs' picture).
 """
 
@@ -16,33 +19,30 @@ from __future__ import annotations
 import math
 import os
 import shutil
-import tempfile
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
 import pytest
 import yaml
+from services import API_KEY, METRICS_EXPORT_S, SECOND_KEY
 
-from bench.service import ServiceError, free_port, running_server, running_service
+from harness.service import ServiceError, free_port, running_server
 from monitoring import dashboard, panels
 from monitoring.prometheus import config_for, prometheus_argv
 
 pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[2]
-API_KEY = "monitoring-test-key-0123456789"
 # The collection traffic's own key: API_KEY's bucket is emptied at the end of every round.
-COLLECTIONS_KEY = "monitoring-collections-key-0123456789"
+COLLECTIONS_KEY = SECOND_KEY
 COLLECTION = "monitoring"
 JOB_TIMEOUT_S = 180
-# Slower than the rate limit's refill (0.5 requests/s): polling a job never runs out.
-JOB_POLL_S = 2.0
+# Slower than the rate limit's refill (2 requests/s): polling a job never runs out.
+JOB_POLL_S = 0.6
 SCRAPE_S = 2.0
-# Ray's workers report to their node's metrics agent every 10 s by default.
-EXPORT_WAIT_S = 25.0
 RATE_WINDOW = "3m"
 PROMETHEUS = shutil.which("prometheus")
 SERVE_CONFIG = yaml.safe_load((ROOT / "serve_config.yaml").read_text())
@@ -51,42 +51,63 @@ SERVE_CONFIG = yaml.safe_load((ROOT / "serve_config.yaml").read_text())
 # out at the compressor and is answered degraded, the other methods are not.
 COMPRESSOR_TIMEOUT_S = 2.0
 # Per API key: a round's six keyed requests stay inside the burst, and the pause between
-# rounds refills it; the burst of cheap requests that ends each round goes past it.
+# rounds (BURST / RATE s) refills it; the burst of cheap requests that ends each round goes
+# past it.
 RATE_LIMIT_BURST = 10
-RATE_LIMIT = {"requests_per_s": 0.5, "burst": RATE_LIMIT_BURST}
+RATE_LIMIT_PER_S = 2.0
+TUNING = {
+    "compression": {"timeout_s": COMPRESSOR_TIMEOUT_S},
+    "ingress": {"rate_limit": {"requests_per_s": RATE_LIMIT_PER_S, "burst": RATE_LIMIT_BURST}},
+}
 ROUNDS = 2
+# The counters the tests below count, by the labels they count them by.
+COUNTED = [
+    "sum(ray_rag_requests_degraded_total)",
+    "sum by (reason) (ray_rag_requests_degraded_total)",
+    "sum(ray_rag_request_errors_total)",
+    "sum by (status, code) (ray_rag_request_errors_total)",
+    'sum(ray_serve_num_http_requests_total{status_code="429"})',
+    "sum by (action, status) (ray_rag_ingestion_jobs_total)",
+    "sum by (outcome) (ray_rag_ingestion_documents_total)",
+    "sum(ray_rag_collection_version_loads_total)",
+    "sum(ray_rag_collection_version_load_ms_count)",
+    "sum(ray_rag_ingestion_queue_seconds_count)",
+]
 
 
 @dataclass(frozen=True)
 class Monitored:
     service_url: str
     prometheus_url: str
+    retriever_replicas: int
+    # Each COUNTED query -> {labels: value} when the module's traffic began.
+    before: dict[str, dict[tuple, float]] = field(default_factory=dict)
+
+    def increase(self, expr: str) -> dict[tuple, float]:
+        """What the module's own traffic added to each series of COUNTED `expr`."""
+        now = _values(self.prometheus_url, expr)
+        earlier = self.before[expr]
+        grown = {labels: value - earlier.get(labels, 0.0) for labels, value in now.items()}
+        return {labels: value for labels, value in grown.items() if value}
+
+    def increase_of(self, expr: str) -> float:
+        return sum(self.increase(expr).values())
 
 
 @pytest.fixture(scope="module")
-def monitored(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Monitored]:
+def monitored(shared_service, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Monitored]:
     if PROMETHEUS is None:
         pytest.fail("Debian's prometheus package is needed: make prometheus (as root)")
     workdir = tmp_path_factory.mktemp("monitoring")
-    config = yaml.safe_load((ROOT / "serve_config.yaml").read_text())
-    port = free_port()
-    config["http_options"]["port"] = port
-    (app,) = config["applications"]
-    app["args"]["compression"]["timeout_s"] = COMPRESSOR_TIMEOUT_S
-    app["args"]["ingress"]["rate_limit"] = RATE_LIMIT
-    app["args"]["collections"]["root"] = str(workdir / "collections")  # not the checkout's
-    config_path = workdir / "serve_config.yaml"
-    config_path.write_text(yaml.safe_dump(config))
-    # Short: Ray's socket paths live under it and must stay under 108 bytes.
-    ray_tmp = Path(tempfile.mkdtemp(prefix="rm", dir="/tmp"))
+    ray_tmp = shared_service.running.ray_tmpdir
     prometheus_config = workdir / "prometheus.yml"
     prometheus_config.write_text(yaml.safe_dump(config_for(ray_tmp / "ray", SCRAPE_S)))
     prometheus_port = free_port()
     prometheus_url = f"http://127.0.0.1:{prometheus_port}"
-    env = {"RAG_API_KEYS": f"{API_KEY},{COLLECTIONS_KEY}", "RAY_TMPDIR": str(ray_tmp)}
+    replicas = shared_service.config["retriever"]["deployment"]["num_replicas"]
     try:
         with (
-            running_service(config_path, port, workdir / "serve.log", env) as url,
+            shared_service.tuned(TUNING),
             running_server(
                 prometheus_argv(PROMETHEUS, prometheus_config, workdir / "data", prometheus_port),
                 f"{prometheus_url}/-/ready",
@@ -94,14 +115,42 @@ def monitored(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Monitored]:
                 env=dict(os.environ),
                 name="prometheus",
                 ready_timeout_s=60,
-                poll_s=1,
+                poll_s=0.5,
             ),
         ):
-            yield Monitored(url, prometheus_url)
+            yield Monitored(
+                shared_service.base_url, prometheus_url, replicas, _settled(prometheus_url)
+            )
     except ServiceError as exc:
         pytest.fail(str(exc))
-    finally:
-        shutil.rmtree(ray_tmp, ignore_errors=True)
+
+
+def _values(prometheus_url: str, expr: str) -> dict[tuple, float]:
+    return {
+        tuple(sorted(series["metric"].items())): float(series["value"][1])
+        for series in _query(prometheus_url, expr)
+    }
+
+
+def _settled(prometheus_url: str, timeout_s: float = 60) -> dict[str, dict[tuple, float]]:
+    """COUNTED as Prometheus holds them once what came before this module is exported and
+    scraped: the same across one export interval and a scrape, after the first scrape of
+    every target."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        targets = httpx.get(f"{prometheus_url}/api/v1/targets", timeout=30).json()
+        active = targets["data"]["activeTargets"]
+        if active and all(target["lastScrape"] > "2000" for target in active):
+            break
+        time.sleep(0.5)
+    previous: dict[str, dict[tuple, float]] | None = None
+    while time.monotonic() < deadline:
+        current = {expr: _values(prometheus_url, expr) for expr in COUNTED}
+        if current == previous:
+            return current
+        previous = current
+        time.sleep(METRICS_EXPORT_S + SCRAPE_S)
+    pytest.fail(f"the counters were still changing after {timeout_s} s: {previous}")
 
 
 @pytest.fixture(scope="module")
@@ -142,18 +191,21 @@ def traffic(monitored: Monitored) -> None:
             assert client.get("/v1/nowhere").status_code == 404
             # Past the key's rate limit: cheap requests until the bucket is empty, then 429s.
             statuses = [client.get("/v1/models").status_code for _ in range(RATE_LIMIT_BURST + 5)]
+            emptied_at = time.monotonic()
             assert set(statuses) == {200, 429} and statuses[0] == 200, statuses
-            # The collection's job and query run in the wait for the export.
-            exported_at = time.monotonic() + EXPORT_WAIT_S
             _ingest(collections, round_)
-            time.sleep(max(0.0, exported_at - time.monotonic()))
-    _wait_for(monitored.prometheus_url, "ray_rag_requests_degraded_total", minimum=ROUNDS)
-    _wait_for(
-        monitored.prometheus_url, 'ray_rag_request_errors_total{status="429"}', minimum=ROUNDS
-    )
-    _wait_for(monitored.prometheus_url, "ray_rag_request_errors_total", minimum=4 * ROUNDS)
-    _wait_for(monitored.prometheus_url, "ray_rag_ingestion_jobs_total", minimum=ROUNDS)
-    _wait_for(monitored.prometheus_url, "ray_rag_collection_version_loads_total", minimum=ROUNDS)
+            # This round scraped before the next begins, so rate() sees two increases;
+            # and the bucket full again.
+            _wait_for(monitored, "sum(ray_rag_request_errors_total)", 4 * (round_ + 1))
+            time.sleep(
+                max(0.0, emptied_at + RATE_LIMIT_BURST / RATE_LIMIT_PER_S - time.monotonic())
+            )
+    _wait_for(monitored, "sum(ray_rag_requests_degraded_total)", minimum=ROUNDS)
+    _wait_for(monitored, "sum by (status, code) (ray_rag_request_errors_total)", 4 * ROUNDS)
+    _wait_for(monitored, 'sum(ray_serve_num_http_requests_total{status_code="429"})', ROUNDS)
+    _wait_for(monitored, "sum by (action, status) (ray_rag_ingestion_jobs_total)", ROUNDS)
+    _wait_for(monitored, "sum(ray_rag_collection_version_loads_total)", minimum=ROUNDS)
+    _wait_for(monitored, "sum(ray_rag_ingestion_queue_seconds_count)", minimum=ROUNDS)
 
 
 def _ingest(client: httpx.Client, round_: int) -> None:
@@ -217,14 +269,14 @@ def _query(prometheus_url: str, expr: str) -> list[dict]:
     return list(body["data"]["result"])
 
 
-def _wait_for(prometheus_url: str, metric: str, minimum: float, timeout_s: float = 90) -> None:
+def _wait_for(monitored: Monitored, expr: str, minimum: float, timeout_s: float = 90) -> None:
+    """Until the module's traffic has added at least `minimum` to COUNTED `expr`."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        result = _query(prometheus_url, f"sum({metric})")
-        if result and float(result[0]["value"][1]) >= minimum:
+        if monitored.increase_of(expr) >= minimum:
             return
-        time.sleep(SCRAPE_S)
-    pytest.fail(f"Prometheus never saw sum({metric}) >= {minimum}")
+        time.sleep(SCRAPE_S / 2)
+    pytest.fail(f"Prometheus never saw {expr} grow by {minimum}: {monitored.increase(expr)}")
 
 
 def test_prometheus_scrapes_every_metrics_agent_of_the_session(monitored, traffic):
@@ -288,11 +340,13 @@ def test_the_application_filter_is_on_the_metrics_that_carry_the_label(monitored
     assert not wrong, f"labels differ from monitoring.panels.APPLICATION_LABELLED: {wrong}"
 
 
+def _label(labels: tuple, name: str) -> str:
+    return dict(labels)[name]
+
+
 def test_error_panel_counts_errors_by_status_and_code(monitored, traffic):
-    result = _query(
-        monitored.prometheus_url, "sum by (status, code) (ray_rag_request_errors_total)"
-    )
-    seen = {(s["metric"]["status"], s["metric"]["code"]): float(s["value"][1]) for s in result}
+    grown = monitored.increase("sum by (status, code) (ray_rag_request_errors_total)")
+    seen = {(_label(k, "status"), _label(k, "code")): value for k, value in grown.items()}
     bad_input = sum(count for (status, _), count in seen.items() if status == "400")
     assert bad_input >= 2, seen
     assert seen.get(("401", "invalid_api_key"), 0) >= 2, seen
@@ -301,17 +355,18 @@ def test_error_panel_counts_errors_by_status_and_code(monitored, traffic):
 
 
 def test_rejections_are_counted_at_the_ingress_and_the_proxy(monitored, traffic):
-    for expr in (
-        'sum(ray_rag_request_errors_total{status="429"})',
-        'sum(ray_serve_num_http_requests_total{status_code="429"})',
-    ):
-        result = _query(monitored.prometheus_url, expr)
-        assert result and float(result[0]["value"][1]) >= ROUNDS, f"{expr}: {result}"
+    at_ingress = monitored.increase("sum by (status, code) (ray_rag_request_errors_total)")
+    at_proxy = monitored.increase_of('sum(ray_serve_num_http_requests_total{status_code="429"})')
+    refused = sum(
+        value for labels, value in at_ingress.items() if _label(labels, "status") == "429"
+    )
+    assert refused >= ROUNDS, at_ingress
+    assert at_proxy >= ROUNDS, at_proxy
 
 
 def test_degraded_answers_are_counted_by_reason(monitored, traffic):
-    result = _query(monitored.prometheus_url, "sum by (reason) (ray_rag_requests_degraded_total)")
-    reasons = {series["metric"]["reason"]: float(series["value"][1]) for series in result}
+    grown = monitored.increase("sum by (reason) (ray_rag_requests_degraded_total)")
+    reasons = {_label(labels, "reason"): value for labels, value in grown.items()}
     assert reasons.get("compressor_timeout", 0) >= ROUNDS, reasons
 
 
@@ -322,23 +377,19 @@ def test_context_tokens_before_exceed_after(monitored, traffic):
 
 
 def test_ingestion_is_counted_by_status_and_outcome_and_version_loads_are_timed(monitored, traffic):
-    jobs = _query(
-        monitored.prometheus_url, "sum by (action, status) (ray_rag_ingestion_jobs_total)"
-    )
-    by_status = {(s["metric"]["action"], s["metric"]["status"]): float(s["value"][1]) for s in jobs}
+    jobs = monitored.increase("sum by (action, status) (ray_rag_ingestion_jobs_total)")
+    by_status = {(_label(k, "action"), _label(k, "status")): value for k, value in jobs.items()}
     assert by_status == {("add", "succeeded"): ROUNDS}, by_status
-    result = _query(
-        monitored.prometheus_url, "sum by (outcome) (ray_rag_ingestion_documents_total)"
-    )
-    outcomes = {series["metric"]["outcome"]: float(series["value"][1]) for series in result}
+    documents = monitored.increase("sum by (outcome) (ray_rag_ingestion_documents_total)")
+    outcomes = {_label(labels, "outcome"): value for labels, value in documents.items()}
     assert outcomes == {"added": 3, "replaced": 1, "unreadable": ROUNDS}, outcomes
-    for expr in (
-        "sum(ray_rag_collection_version_loads_total)",
-        "sum(ray_rag_collection_version_load_ms_count)",
-        "sum(ray_rag_ingestion_queue_seconds_count)",
-    ):
-        result = _query(monitored.prometheus_url, expr)
-        assert result and float(result[0]["value"][1]) == ROUNDS, f"{expr}: {result}"
+    assert monitored.increase_of("sum(ray_rag_ingestion_queue_seconds_count)") == ROUNDS
+    # Each new version is opened once by every retriever replica that serves the
+    # collection: the one the round's query reached at least; each opening is timed.
+    loads = monitored.increase_of("sum(ray_rag_collection_version_loads_total)")
+    timed = monitored.increase_of("sum(ray_rag_collection_version_load_ms_count)")
+    assert ROUNDS <= loads <= ROUNDS * monitored.retriever_replicas, loads
+    assert timed == loads
 
 
 def test_panels_render_from_the_same_queries(monitored, traffic, tmp_path):

@@ -31,6 +31,7 @@ CHROMIUM_ARGS = [
 ANSWER_TIMEOUT_MS = 180_000
 PAGE_TIMEOUT_MS = 30_000
 QUESTION = "What is continuous batching?"
+MAX_TOKENS = 32
 FOLLOW_UP = "How does it differ from static batching?"
 
 pytestmark = [
@@ -110,6 +111,8 @@ def tab(browser, service) -> Iterator[Tab]:
 
 def ask(page: Page, question: str, key: str) -> None:
     page.get_by_test_id("api-key").fill(key)
+    # Answers as short as a check needs; the field stays set for a follow-up.
+    page.get_by_test_id("max-tokens").fill(str(MAX_TOKENS))
     page.get_by_test_id("question").fill(question)
     page.get_by_test_id("ask").click()
 
@@ -182,6 +185,7 @@ def test_a_follow_up_sends_the_first_turn_as_history(tab, service):
 
     body = sent.value.post_data_json
     assert body["question"] == FOLLOW_UP
+    assert body["max_tokens"] == MAX_TOKENS
     assert body["history"] == [
         {"role": "user", "content": QUESTION},
         {"role": "assistant", "content": first_answer},

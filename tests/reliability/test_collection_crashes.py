@@ -2,8 +2,9 @@
 
 kill -9 of the collection writer in the middle of a job: queries go on being answered
 from the last published version, the replacement writer clears the half-built version and
-reports the job failed, and the next job publishes. kill -9 of the only retriever: its
-replacement serves the last published version (a restart loses nothing published).
+reports the job failed, and the next job publishes. kill -9 of every retriever replica:
+their replacements serve the last published version (a restart loses nothing published).
+Both run on the shared service, in a collection of this module's own.
 """
 
 from __future__ import annotations
@@ -14,21 +15,11 @@ import time
 import httpx
 import pytest
 
-from bench import faults
+from harness import processes
 
 pytestmark = pytest.mark.reliability
 
 WORDS = ["amber", "basalt", "cedar", "delta", "ember", "fjord", "garnet", "harbor", "indigo"]
-
-
-@pytest.fixture(scope="module")
-def service(tmp_path_factory, launch):
-    overrides = {
-        "collections.root": str(tmp_path_factory.mktemp("collections")),
-        "generator.default_max_tokens": 4,
-    }
-    with launch(tmp_path_factory, overrides) as started:
-        yield started
 
 
 @pytest.fixture(scope="module")
@@ -58,7 +49,7 @@ def wait_for_stage(service, stage: str, timeout_s: float = 240) -> None:
         body = httpx.get(f"{service.base_url}/readyz", timeout=10).json()
         if body["stages"].get(stage) == "ready":
             return
-        time.sleep(1)
+        time.sleep(0.5)
     pytest.fail(f"{stage} was not running again after {timeout_s} s")
 
 
@@ -96,6 +87,17 @@ def versions(client: httpx.Client) -> dict[str, str | None]:
     return {c["name"]: c["version"] for c in response.json()["data"]}
 
 
+VAULT = {"documents": [{"id": "vault", "text": "The vault code of the Orlan bank is 7731."}]}
+
+
+@pytest.fixture(scope="module")
+def crash(client) -> dict:
+    """The collection "crash", holding the vault document; the job that published it."""
+    assert client.post("/v1/collections", json={"name": "crash"}).status_code == 201
+    added = job_of(client, client.post("/v1/collections/crash/documents", json=VAULT))
+    return wait_job(client, added["id"], {"succeeded"})
+
+
 def ask(client: httpx.Client) -> dict:
     body = {"question": "What is the vault code?", "collection": "crash", "max_tokens": 4}
     response = client.post("/v1/rag/query", json=body)
@@ -103,27 +105,24 @@ def ask(client: httpx.Client) -> dict:
     return response.json()
 
 
-def test_a_writer_killed_mid_job_leaves_the_last_version_served(service, client, tmp_path):
-    assert client.post("/v1/collections", json={"name": "crash"}).status_code == 201
-    seed = {"documents": [{"id": "vault", "text": "The vault code of the Orlan bank is 7731."}]}
-    first = wait_job(client, job_of(client, client.post(
-        "/v1/collections/crash/documents", json=seed))["id"], {"succeeded"})  # fmt: skip
-    [writer] = faults.replica_pids(service.pid, "CollectionWriter")
+def test_a_writer_killed_mid_job_leaves_the_last_version_served(service, client, crash):
+    first = versions(client)["crash"]
+    [writer] = processes.replica_pids(service.pid, "CollectionWriter")
 
     bulk = job_of(client, client.post(
         "/v1/collections/crash/documents", json={"documents": long_documents(300)}))  # fmt: skip
     running = wait_job(client, bulk["id"], {"running", "succeeded", "failed"})
     assert running["status"] == "running", "the job ended before it could be interrupted"
-    faults.kill(writer)
+    processes.kill(writer)
     answers = [ask(client) for _ in range(5)]  # while no writer runs
 
-    assert {answer["index_version"] for answer in answers} == {first["version"]}
+    assert {answer["index_version"] for answer in answers} == {first}
     assert all(answer["sources"][0]["id"] == "vault#0" for answer in answers)
     wait_for_stage(service, "writer")
     interrupted = wait_job(client, bulk["id"], {"succeeded", "failed"})
     assert interrupted["status"] == "failed"
     assert "restarted" in interrupted["errors"][-1]["message"]
-    assert versions(client)["crash"] == first["version"]
+    assert versions(client)["crash"] == first
 
     extra = {"documents": [{"id": "after", "text": "The Orlan bank opens at nine."}]}
     added = retried(lambda: client.post("/v1/collections/crash/documents", json=extra))
@@ -132,11 +131,13 @@ def test_a_writer_killed_mid_job_leaves_the_last_version_served(service, client,
     assert ask(client)["index_version"] == after["version"]
 
 
-def test_a_restarted_retriever_serves_the_last_published_version(service, client):
+def test_restarted_retrievers_serve_the_last_published_version(service, client, crash):
     published = versions(client)
-    [retriever] = faults.replica_pids(service.pid, "Retriever")
+    retrievers = processes.replica_pids(service.pid, "Retriever")
+    assert retrievers
 
-    faults.kill(retriever)
+    for pid in retrievers:
+        processes.kill(pid)
     wait_for_stage(service, "retriever")
     deadline = time.monotonic() + 60
     while True:  # the ingress learns of the new replica within a readiness refresh
@@ -145,7 +146,7 @@ def test_a_restarted_retriever_serves_the_last_published_version(service, client
         )
         if response.status_code == 200 or time.monotonic() > deadline:
             break
-        time.sleep(1)
+        time.sleep(0.5)
 
     assert response.status_code == 200, response.text
     assert response.json()["index_version"] == published["crash"]

@@ -1,4 +1,5 @@
-"""Overload, big bodies, slow clients and fuzzing, against the real application.
+"""Overload, big bodies, slow clients and fuzzing, against the real application (the shared
+service, its ingress retuned for this module through its user_config).
 
 The service admits 4 requests in flight (ingress.max_in_flight_requests), so 10x overload
 takes 40 concurrent requests. Figures (time to reject, admitted p99) are measured by
@@ -11,10 +12,12 @@ from __future__ import annotations
 import asyncio
 import json
 import shutil
+import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import httpx
 import pytest
@@ -29,15 +32,17 @@ IN_FLIGHT = 4
 QUESTIONS = DEFAULT_QUESTIONS[:4]
 
 
-@pytest.fixture(scope="module")
-def service(tmp_path_factory, launch):
-    overrides = {
-        "ingress.max_in_flight_requests": IN_FLIGHT,
-        "generator.max_tokens_limit": 64,
-        "generator.default_max_tokens": 16,
-    }
-    with launch(tmp_path_factory, overrides) as started:
-        yield started
+# Ingress-only settings (app.tuning), set on the shared service for this module alone.
+TUNING = {
+    "ingress": {"max_in_flight_requests": IN_FLIGHT},
+    "generator": {"max_tokens_limit": 64, "default_max_tokens": 16},
+}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def tuned(service):
+    with service.tuned(TUNING):
+        yield
 
 
 def specs(count: int, max_tokens: int = 16) -> list[RequestSpec]:
@@ -86,6 +91,23 @@ def test_a_body_over_the_limit_is_refused_before_it_is_read(service):
 
     assert response.status_code == 413
     assert response.json()["error"]["code"] == "request_too_large"
+
+
+@pytest.mark.parametrize("path", ["/v1/rag/query", "/v1/collections/default/documents"])
+def test_a_chunked_body_without_a_key_is_refused_before_it_is_sent(service, path):
+    """The headers and one 64 KiB chunk of a body that never ends: the 401 must come back
+    while the rest is still unsent, so neither the proxy nor the ingress waited to read it."""
+    address = urlsplit(service.base_url)
+    with socket.create_connection((address.hostname, address.port), timeout=30) as sock:
+        sock.sendall(
+            f"POST {path} HTTP/1.1\r\nHost: {address.netloc}\r\n"
+            "Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n".encode()
+        )
+        sock.sendall(b"10000\r\n" + b"x" * 0x10000 + b"\r\n")
+        head = sock.recv(65536)
+
+    assert head.startswith(b"HTTP/1.1 401"), head[:200]
+    assert b"invalid_api_key" in head or b"www-authenticate" in head.lower()
 
 
 def test_a_client_that_stops_reading_does_not_block_others(service):

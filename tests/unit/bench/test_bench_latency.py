@@ -40,7 +40,12 @@ def sse(event: str | None, data: Any) -> str:
 
 
 def rag_steps(
-    texts: Sequence[str], *, first_s: float = 0.0, gap_s: float = 0.0, completion_tokens=None
+    texts: Sequence[str],
+    *,
+    first_s: float = 0.0,
+    gap_s: float = 0.0,
+    completion_tokens=None,
+    degraded: str | None = None,
 ) -> list[Step]:
     """sources, one delta per text (the first after first_s, the rest gap_s apart), done,
     [DONE]; usage.completion_tokens defaults to the number of deltas."""
@@ -61,6 +66,7 @@ def rag_steps(
         },
         "timings_ms": TIMINGS,
         "tpot_ms": 21.0,
+        "degraded": degraded,
     }
     steps: list[Step] = [(0.0, sse("sources", {"id": "r1", "sources": []}))]
     steps += [
@@ -295,6 +301,14 @@ def test_chat_spec_with_messages_streams_and_records_prompt_tokens():
     assert record.question == "label"
     assert (record.usage_prompt_tokens, record.usage_cached_prompt_tokens) == (912, 256)
     assert json.loads(server.requests[0].content)["messages"] == [dict(m) for m in messages]
+
+
+def test_rag_done_event_says_whether_the_answer_was_degraded():
+    [plain] = load(FakeServer(lambda _: rag_steps(["a"])), [RAG])
+    [fallback] = load(FakeServer(lambda _: rag_steps(["a"], degraded="compressor_timeout")), [RAG])
+
+    assert plain.ok and plain.degraded is None
+    assert fallback.ok and fallback.degraded == "compressor_timeout"
 
 
 def test_rag_done_event_gives_prompt_and_cached_tokens():

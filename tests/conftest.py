@@ -1,0 +1,59 @@
+"""Session hooks and fixtures around the shared service (tests/services.py): unit tests
+first, the shared service launched as soon as the session knows it will be needed (its
+start overlaps the unit tests; RAG_TEST_EARLY_START=0 turns that off), stopped at the end,
+and the time of every service start printed in the summary."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+from services import EXTERNAL, FOLDER_ORDER, ROOT, SHARED, START_TIMES, Service
+
+from harness.service import ServiceError
+
+
+@pytest.hookimpl(trylast=True)  # after -k/-m deselection: only the tests that will run
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    def folder_rank(item: pytest.Item) -> int:
+        parts = Path(str(item.path)).relative_to(ROOT / "tests").parts
+        return FOLDER_ORDER.index(parts[0]) if parts[0] in FOLDER_ORDER else len(FOLDER_ORDER)
+
+    items.sort(key=folder_rank)  # stable: each folder keeps its own order
+    if config.option.collectonly or os.environ.get("RAG_TEST_EARLY_START", "1") == "0":
+        return
+    if any("shared_service" in item.fixturenames for item in items):
+        SHARED.start()
+    if any("external_service" in item.fixturenames for item in items):
+        EXTERNAL.start()
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    EXTERNAL.stop()
+    SHARED.stop()
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    if START_TIMES:
+        terminalreporter.section("service starts")
+        for what, seconds in START_TIMES:
+            terminalreporter.write_line(f"{seconds:7.1f} s  {what}")
+
+
+@pytest.fixture(scope="session")
+def shared_service() -> Service:
+    try:
+        return SHARED.ready()
+    except ServiceError as exc:
+        pytest.fail(str(exc))
+
+
+@pytest.fixture(scope="session")
+def external_service() -> Service:
+    """An application of its own, its generator vLLM's own OpenAI server (engine openai)."""
+    try:
+        return EXTERNAL.ready()
+    except ServiceError as exc:
+        pytest.fail(str(exc))

@@ -1,0 +1,248 @@
+"""The real service that the integration and reliability tests talk to, started once.
+
+One `serve run` of serve_config.yaml per pytest session (`shared_service`) serves every
+module that does not need a different deployment graph: two retriever and two compressor
+replicas (the collection tests need every stage to switch versions on more than one
+replica), API keys required, collections in a temp dir, and a Ray instance of its own
+(RAY_TMPDIR, dashboard) so that no test reads another instance's state on the machine.
+Settings that only the ingress reads are changed per module through the ingress's
+user_config (`Service.tuned`), as an operator would, with no replica restarted.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator, Mapping
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import yaml
+
+from app.config import parse_config
+from harness.service import (
+    RunningService,
+    ServiceLaunch,
+    deploy_user_config,
+    free_port,
+    start_server,
+    stop_process,
+    wait_for_every_stage,
+    wait_ready,
+)
+from harness.variant import apply_overrides
+from harness.vllm_server import GeneratorCommand, external_generator_overrides, generator_command
+
+ROOT = Path(__file__).resolve().parents[1]
+API_KEY = "shared-test-key-0123456789abcdef"
+# A second key, for traffic that must not share the first one's rate-limit bucket.
+SECOND_KEY = "shared-test-key-second-0123456789"
+# Ray's workers export their metrics every 10 s by default; the tests wait for less. Not
+# below 6 s: a gauge not set again within two intervals is dropped from the export, and
+# Serve sets its replica gauges once per health check (every 10 s by default).
+METRICS_EXPORT_S = 6
+TEST_ENV = {"RAY_metrics_report_interval_ms": str(METRICS_EXPORT_S * 1000)}
+# Test folders in the order they run: the unit tests need no service.
+FOLDER_ORDER = ("unit", "integration", "reliability")
+# (what, seconds) of every service start this session, for the summary at its end.
+START_TIMES: list[tuple[str, float]] = []
+
+
+@dataclass(frozen=True)
+class Service:
+    """A started application: where it answers, with which key, and its Ray instance."""
+
+    running: RunningService
+    config_path: Path
+    api_key: str = API_KEY
+    engine: str = "vllm"
+    # The external OpenAI-compatible server (engine "openai"), for a test that stops it.
+    external_server: subprocess.Popen | None = None
+    config: dict[str, Any] = field(init=False)
+
+    def __post_init__(self) -> None:
+        document = yaml.safe_load(self.config_path.read_text())
+        object.__setattr__(self, "config", document["applications"][0]["args"])
+
+    @property
+    def base_url(self) -> str:
+        return self.running.base_url
+
+    @property
+    def pid(self) -> int:
+        return self.running.pid
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.api_key}"}
+
+    def client(self, **kwargs: Any) -> httpx.Client:
+        return httpx.Client(base_url=self.base_url, headers=self.headers, timeout=300, **kwargs)
+
+    @contextmanager
+    def tuned(self, user_config: Mapping[str, Any]) -> Iterator[Service]:
+        """The ingress reconfigured with `user_config` (app.tuning) for the block, then
+        restored to the config it was built with."""
+        deploy_user_config(self.running, self.config_path, "RagIngress", user_config)
+        try:
+            yield self
+        finally:
+            deploy_user_config(self.running, self.config_path, "RagIngress", {})
+
+
+def write_config(folder: Path, adjust: Any = None) -> tuple[Path, int, dict[str, Any]]:
+    """serve_config.yaml on a free port, collections under `folder`; `adjust(application)`
+    may change the application entry first. Returns the file, the port and the entry."""
+    config = yaml.safe_load((ROOT / "serve_config.yaml").read_text())
+    port = free_port()
+    config["http_options"]["port"] = port
+    application = config["applications"][0]
+    application["args"]["collections"]["root"] = str(folder / "collections")
+    if adjust is not None:
+        adjust(application)
+    path = folder / "serve_config.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path, port, application
+
+
+def two_replicas_each(application: dict[str, Any]) -> None:
+    """Two retrievers and two compressors, with CPU reservations that fit two cores."""
+    args = application["args"]
+    args["retriever"]["deployment"].update(num_replicas=2, num_cpus=0.1)
+    args["compression"]["deployment"].update(num_replicas=2, num_cpus=0.2)
+
+
+def service_env() -> dict[str, str]:
+    return {"RAG_API_KEYS": f"{API_KEY},{SECOND_KEY}", **TEST_ENV}
+
+
+class SharedLaunch:
+    """The session's shared service: launched once (early, from the collection hook, or
+    by the first test that asks), awaited once, stopped when the session ends."""
+
+    def __init__(self) -> None:
+        self.launch: ServiceLaunch | None = None
+        self.folder: Path | None = None
+        self.config_path: Path | None = None
+        self.service: Service | None = None
+
+    def start(self) -> None:
+        if self.launch is not None:
+            return
+        self.folder = Path(tempfile.mkdtemp(prefix="rag-shared-"))
+        self.config_path, port, _ = write_config(self.folder, two_replicas_each)
+        self.launch = ServiceLaunch(
+            self.config_path, port, self.folder / "serve.log", service_env()
+        )
+
+    def ready(self) -> Service:
+        self.start()
+        assert self.launch is not None and self.config_path is not None
+        if self.service is None:
+            running = self.launch.ready()
+            # Ready means the required stages run; the tests want the optional compressor
+            # (and every replica of it) too.
+            wait_for_every_stage(running.base_url)
+            START_TIMES.append(("shared service", time.monotonic() - self.launch.started_at))
+            self.service = Service(running, self.config_path)
+        return self.service
+
+    def stop(self) -> None:
+        if self.launch is not None:
+            self.launch.stop()
+        if self.folder is not None:
+            shutil.rmtree(self.folder, ignore_errors=True)
+
+
+SHARED = SharedLaunch()
+
+
+class ExternalEngineLaunch:
+    """An application of its own whose generator is vLLM's own OpenAI server (generator.
+    engine: openai): both processes start at once (the generator tolerates a server that
+    comes up after it), awaited once, stopped together."""
+
+    def __init__(self) -> None:
+        self.folder: Path | None = None
+        self.stack = ExitStack()
+        self.started_at = 0.0
+        self.service: Service | None = None
+
+    def start(self) -> None:
+        if self.folder is not None:
+            return
+        self.folder = Path(tempfile.mkdtemp(prefix="rag-openai-"))
+        self.started_at = time.monotonic()
+        commands: list[GeneratorCommand] = []
+
+        def to_external(application: dict[str, Any]) -> None:
+            command = generator_command(application)
+            timeout_s = parse_config(application["args"]).ingress.request_timeout_s
+            overrides = external_generator_overrides(command.base_url, timeout_s)
+            application["args"] = apply_overrides(application["args"], overrides)
+            commands.append(command)
+
+        self.config_path, port, _ = write_config(self.folder, to_external)
+        [self.command] = commands
+        self.server = start_server(self.command.argv, self.folder / "vllm.log", self.command.env)
+        self.stack.callback(stop_process, self.server, 60.0)
+        self.launch = ServiceLaunch(
+            self.config_path, port, self.folder / "serve.log", service_env()
+        )
+        self.stack.callback(self.launch.stop)
+
+    def ready(self) -> Service:
+        self.start()
+        assert self.folder is not None
+        if self.service is None:
+            running = self.launch.ready()
+            health = f"{self.command.base_url}/health"
+            wait_ready(self.server, health, self.folder / "vllm.log", "vllm serve", 300)
+            wait_for_every_stage(running.base_url)
+            START_TIMES.append(
+                ("openai service and its vLLM server", time.monotonic() - self.started_at)
+            )
+            self.service = Service(
+                running, self.config_path, engine="openai", external_server=self.server
+            )
+        return self.service
+
+    def stop(self) -> None:
+        self.stack.close()
+        if self.folder is not None:
+            shutil.rmtree(self.folder, ignore_errors=True)
+
+
+EXTERNAL = ExternalEngineLaunch()
+
+
+def wait_until_whole(service: Service, timeout_s: float = 300) -> None:
+    """Until every stage runs as many replicas as its config asks and none is degraded:
+    what a module that killed replicas leaves for the next one."""
+    args = service.config
+    wanted = {
+        "retriever": args["retriever"]["deployment"]["num_replicas"],
+        "compressor": args["compression"]["deployment"]["num_replicas"],
+        "generator": args["generator"]["deployment"]["num_replicas"],
+        "writer": 1,
+    }
+    deadline = time.monotonic() + timeout_s
+    body: dict[str, Any] = {}
+    while time.monotonic() < deadline:
+        try:
+            body = httpx.get(f"{service.base_url}/readyz", timeout=10).json()
+        except (httpx.HTTPError, ValueError):
+            body = {}
+        replicas = body.get("replicas", {})
+        if body.get("degraded") == [] and all(
+            replicas.get(stage, 0) >= count for stage, count in wanted.items()
+        ):
+            return
+        time.sleep(0.5)
+    pytest.fail(f"the service did not get back to {wanted} replicas in {timeout_s} s: {body}")
