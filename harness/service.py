@@ -105,7 +105,7 @@ class ServiceLaunch:
         """Block until /readyz answers 200 (ServiceError with the log's tail if `serve run`
         exits first or `ready_timeout_s` passes from the launch)."""
         if self._running is None:
-            remaining_s = ready_timeout_s - (time.monotonic() - self.started_at)
+            remaining_s = max(0.0, ready_timeout_s - (time.monotonic() - self.started_at))
             ready_url = f"{self.base_url}/readyz"
             _wait_ready(
                 self.process, ready_url, self.log_path, "serve run", remaining_s, SERVICE_POLL_S
@@ -300,7 +300,7 @@ def _wait_ready(
     exits first or `timeout_s` passes, naming the server and ending with its log's tail."""
     deadline = time.monotonic() + timeout_s
     with httpx.Client(trust_env=False, timeout=5) as client:
-        while time.monotonic() < deadline:
+        while True:  # asked at least once: a server launched long ago may be ready by now
             if process.poll() is not None:
                 raise ServiceError(f"{name} exited with {process.returncode}:\n{tail(log_path)}")
             try:
@@ -308,6 +308,8 @@ def _wait_ready(
                     return
             except httpx.HTTPError:
                 pass
+            if time.monotonic() >= deadline:
+                break
             time.sleep(poll_s)
     raise ServiceError(f"{name} not ready after {timeout_s:.0f} s:\n{tail(log_path)}")
 

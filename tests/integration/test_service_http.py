@@ -27,8 +27,11 @@ MAX_TOKENS_RESERVED = 64
 
 
 @pytest.fixture(scope="module", params=["vllm", "openai"])
-def service(request, shared_service, external_service):
-    return shared_service if request.param == "vllm" else external_service
+def service(request):
+    # Asked for by name, so that one engine's failure to start fails only its own tests.
+    return request.getfixturevalue(
+        "shared_service" if request.param == "vllm" else "external_service"
+    )
 
 
 @pytest.fixture(scope="module")
