@@ -1,7 +1,7 @@
-"""Session hooks and fixtures around the shared service (tests/services.py): unit tests
-first, the shared service launched as soon as the session knows it will be needed (its
-start overlaps the unit tests; RAG_TEST_EARLY_START=0 turns that off), stopped at the end,
-and the time of every service start printed in the summary."""
+"""Session hooks and fixtures around the services of tests/services.py: unit tests first,
+the shared service launched as soon as the session knows it will be needed (its start
+overlaps the unit tests; RAG_TEST_EARLY_START=0 turns that off), every service stopped at
+the end, and the time of each start printed in the summary."""
 
 from __future__ import annotations
 
@@ -24,10 +24,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     items.sort(key=folder_rank)  # stable: each folder keeps its own order
     if config.option.collectonly or os.environ.get("RAG_TEST_EARLY_START", "1") == "0":
         return
+    # Only the shared service: launching the external-engine one here too slowed the
+    # shared start from 141 s to 274 s on 2 cores (docs/testing.md); it starts when its
+    # tests begin, its vLLM server and its application side by side.
     if any("shared_service" in item.fixturenames for item in items):
         SHARED.start()
-    if any("external_service" in item.fixturenames for item in items):
-        EXTERNAL.start()
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
