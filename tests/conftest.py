@@ -6,6 +6,7 @@ the end, and the time of each start printed in the summary."""
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -51,10 +52,14 @@ def shared_service() -> Service:
         pytest.fail(str(exc))
 
 
-@pytest.fixture(scope="session")
-def external_service() -> Service:
-    """An application of its own, its generator vLLM's own OpenAI server (engine openai)."""
+@pytest.fixture(scope="module")
+def external_service() -> Iterator[Service]:
+    """An application of its own, its generator vLLM's own OpenAI server (engine openai);
+    stopped with the module that asked for it, so that it holds no CPU or memory while the
+    later modules run."""
     try:
-        return EXTERNAL.ready()
+        yield EXTERNAL.ready()
     except ServiceError as exc:
         pytest.fail(str(exc))
+    finally:
+        EXTERNAL.stop()

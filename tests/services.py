@@ -11,6 +11,7 @@ user_config (`Service.tuned`), as an operator would, with no replica restarted.
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import tempfile
@@ -157,6 +158,10 @@ class SharedLaunch:
         if self.launch is not None:
             self.launch.stop()
         if self.folder is not None:
+            keep_logs_in = os.environ.get("RAG_TEST_KEEP_LOGS")
+            if keep_logs_in:  # the service's log outlives its temp dir, for a post-mortem
+                shutil.copytree(self.folder, Path(keep_logs_in) / self.folder.name,
+                                ignore=shutil.ignore_patterns("collections"), dirs_exist_ok=True)  # fmt: skip
             shutil.rmtree(self.folder, ignore_errors=True)
 
 
@@ -217,6 +222,7 @@ class ExternalEngineLaunch:
         self.stack.close()
         if self.folder is not None:
             shutil.rmtree(self.folder, ignore_errors=True)
+            self.folder = None
 
 
 EXTERNAL = ExternalEngineLaunch()

@@ -440,9 +440,12 @@ def test_poisson_run_sends_each_request_at_its_arrival_time():
     records = load(FakeServer(lambda _: rag_steps(["A"])), [RAG] * 5, rate_per_s=20.0, seed=11)
     offsets_ms = [offset * 1000 for offset in arrival_offsets_s(5, 20.0, seed=11)]
     assert [r.scheduled_at_ms for r in records] == pytest.approx(offsets_ms)
+    # The run may start late on a busy machine (the test suite starts a service beside the
+    # unit tests): the schedule is checked from the first send on, never earlier than due.
+    start_lag_ms = (records[0].send_at_ms or 0.0) - offsets_ms[0]
     for record, offset_ms in zip(records, offsets_ms, strict=True):
         assert record.ok and record.send_at_ms is not None
-        assert offset_ms - 1 <= record.send_at_ms <= offset_ms + 200
+        assert offset_ms - 1 <= record.send_at_ms <= offset_ms + start_lag_ms + 200
 
 
 def test_concurrency_limit_is_reached_and_never_exceeded():
