@@ -160,8 +160,9 @@ class SharedLaunch:
         if self.folder is not None:
             keep_logs_in = os.environ.get("RAG_TEST_KEEP_LOGS")
             if keep_logs_in:  # the service's log outlives its temp dir, for a post-mortem
-                shutil.copytree(self.folder, Path(keep_logs_in) / self.folder.name,
-                                ignore=shutil.ignore_patterns("collections"), dirs_exist_ok=True)  # fmt: skip
+                skip = shutil.ignore_patterns("collections")
+                target = Path(keep_logs_in) / self.folder.name
+                shutil.copytree(self.folder, target, ignore=skip, dirs_exist_ok=True)
             shutil.rmtree(self.folder, ignore_errors=True)
 
 
