@@ -120,9 +120,10 @@ unit: install
 integration: setup browser prometheus
 	$(BIN)/pytest tests/integration
 
-# Unit, integration and the fast reliability tests (overload, replica kills, fuzzing), each
-# test module starting the real app once. The slowest tests are listed at the end, so that a
-# CI run that grows toward its 30 minutes shows where the time went.
+# Unit, integration and the fast reliability tests (overload, replica kills, fuzzing) against
+# one shared real app for the session (tests/services.py; docs/testing.md). The slowest
+# tests and each service start's time are listed at the end, so that a CI run that grows
+# shows where the time went.
 test: setup lint browser prometheus
 	$(BIN)/pytest tests --durations=20
 

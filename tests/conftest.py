@@ -22,7 +22,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         parts = Path(str(item.path)).relative_to(ROOT / "tests").parts
         return FOLDER_ORDER.index(parts[0]) if parts[0] in FOLDER_ORDER else len(FOLDER_ORDER)
 
-    items.sort(key=folder_rank)  # stable: each folder keeps its own order
+    def external_last(item: pytest.Item) -> int:
+        # The external-engine tests go last, after the shared service has been stopped:
+        # three full applications (theirs, ours, one more on the machine) do not fit in
+        # 24 GiB (Ray's memory monitor killed workers when they ran side by side).
+        callspec = getattr(item, "callspec", None)
+        return int(callspec is not None and callspec.params.get("service") == "openai")
+
+    items.sort(key=lambda item: (external_last(item), folder_rank(item)))
     if config.option.collectonly or os.environ.get("RAG_TEST_EARLY_START", "1") == "0":
         return
     # Only the shared service: launching the external-engine one here too slowed the
@@ -57,6 +64,7 @@ def external_service() -> Iterator[Service]:
     """An application of its own, its generator vLLM's own OpenAI server (engine openai);
     stopped with the module that asked for it, so that it holds no CPU or memory while the
     later modules run."""
+    SHARED.stop()  # the external-engine tests run last (see above): free its memory first
     try:
         yield EXTERNAL.ready()
     except ServiceError as exc:

@@ -155,6 +155,7 @@ class SharedLaunch:
         return self.service
 
     def stop(self) -> None:
+        """Stop it; a test that asks for it afterwards gets a fresh one."""
         if self.launch is not None:
             self.launch.stop()
         if self.folder is not None:
@@ -164,6 +165,7 @@ class SharedLaunch:
                 target = Path(keep_logs_in) / self.folder.name
                 shutil.copytree(self.folder, target, ignore=skip, dirs_exist_ok=True)
             shutil.rmtree(self.folder, ignore_errors=True)
+        self.launch = self.folder = self.config_path = self.service = None
 
 
 SHARED = SharedLaunch()
