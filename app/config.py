@@ -20,16 +20,16 @@ from pipeline.messages import (
     RetrievalMode,
     RetrievalQueryMode,
 )
-from retrieval.cost_model import CompressionCostModel, CompressorCost, PrefillCost
-from retrieval.fusion import HybridParams, check_fusion_params
-from retrieval.llmlingua_compressor import LLMLinguaOptions
-from retrieval.models import DEFAULT_EMBEDDING_MODEL, resolve_model_reference
-from retrieval.preparation import LLMLinguaLoad
-from retrieval.prompt import (
+from prepare.cost_model import CompressionCostModel, CompressorCost, PrefillCost
+from prepare.llmlingua_compressor import LLMLinguaOptions
+from prepare.preparation import LLMLinguaLoad
+from prepare.prompt import (
     DEFAULT_SYSTEM_PROMPT,
     REWRITE_SYSTEM_PROMPT,
     SHORT_ANSWER_SYSTEM_PROMPT,
 )
+from retrieval.fusion import HybridParams, check_fusion_params
+from retrieval.models import DEFAULT_EMBEDDING_MODEL, resolve_model_reference
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
@@ -274,7 +274,7 @@ class CompressorCostConfig(StrictModel):
 
 
 class CostModelConfig(StrictModel):
-    """Coefficients of retrieval.cost_model, fitted per generator and machine by
+    """Coefficients of prepare.cost_model, fitted per generator and machine by
     `python -m bench.context_sweep`; the defaults were fitted on the 2-core CPU default
     (SmolLM2-135M fp32 generator, SmolLM2-135M LLMLingua scorer; docs/benchmarks.md)."""
 

@@ -51,7 +51,7 @@ from bench.hardware import (
     gpu_preset,
     model_preset,
 )
-from retrieval.cost_model import CompressionCostModel, CompressorCost, PrefillCost
+from prepare.cost_model import CompressionCostModel, CompressorCost, PrefillCost
 
 ROOT = Path(__file__).resolve().parent.parent
 COMMAND = "python -m bench.compression_costs"
@@ -68,7 +68,7 @@ FP32_TFLOPS: dict[str, float] = {
 }
 
 # Host work of one LLMLingua-2 call with the scorer's forward pass taken out, measured with
-# the stand-in scorer (retrieval.llmlingua2_standin) on the 2-core CPU this project is
+# the stand-in scorer (scripts.llmlingua2_standin) on the 2-core CPU this project is
 # developed on: `python -m bench.compression_costs --measure-host --repeats 20`, three runs
 # (each 20 calls at each of 6 chunk lengths, 52-404 cl100k tokens) fitted 4.8, 6.0 and
 # 5.8 ms per call and 0.0125, 0.0089 and 0.0141 ms per token; these are the medians. A GPU
@@ -393,8 +393,8 @@ def measure_host(
     own forward over the same padded window."""
     import torch
 
-    from retrieval.llmlingua2_standin import STANDIN_DIRNAME, build_standin
-    from retrieval.llmlingua_compressor import LLMLinguaCompressor, LLMLinguaOptions
+    from prepare.llmlingua_compressor import LLMLinguaCompressor, LLMLinguaOptions
+    from scripts.llmlingua2_standin import STANDIN_DIRNAME, build_standin
 
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory() as folder:

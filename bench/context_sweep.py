@@ -12,7 +12,7 @@ tokens are recorded to show it); the static system prompt is cached as in produc
 
 Two service starts, both with `serve run`:
 1. calibrate: at every length, one request with compression `none` and one with the method
-   (`always`); the cost model of retrieval.cost_model is fitted from them (prefill ms per
+   (`always`); the cost model of prepare.cost_model is fitted from them (prefill ms per
    uncached prompt token, linear plus quadratic; the method's ms per context token and per
    chunk), and written to OUT/cost_model.json and as serve_config.yaml overrides;
 2. measure: the service restarted with that cost model, then at every length and repeat,
@@ -54,7 +54,7 @@ from bench.squad import DEFAULT_CACHE_DIR, SQUAD_DEV_FILENAME, load_squad, sampl
 from bench.stats import median
 from harness.service import ROOT, free_port, running_service
 from harness.variant import parse_assignment, write_variant
-from retrieval.cost_model import CompressionCostModel, CompressorCost, PrefillCost
+from prepare.cost_model import CompressionCostModel, CompressorCost, PrefillCost
 from retrieval.models import DEFAULT_EMBEDDING_MODEL
 
 logger = logging.getLogger(__name__)
@@ -491,10 +491,10 @@ class TopKPlanner:
     """Chooses top_k per question from the same index and embedder as the service."""
 
     def __init__(self, index_dir: Path, embedder_model: str, tokenizer_source: str) -> None:
+        from prepare.tokens import ServingTokenizer
         from retrieval.embedding import Embedder
         from retrieval.index import FaissIndex
         from retrieval.models import resolve_model_reference
-        from retrieval.tokens import ServingTokenizer
 
         self._index = FaissIndex.load(index_dir)
         self._embedder = Embedder.load(resolve_model_reference(embedder_model, ROOT))

@@ -27,11 +27,11 @@ from bench.intervals import fmt_ratio, paired_ratio
 from bench.llmlingua_speed import VARIANTS, SpeedVariant, timed_compression
 from bench.squad import DEFAULT_CACHE_DIR, SQUAD_DEV_FILENAME, load_squad, sample_questions
 from harness.service import ROOT
-from retrieval.budget import TokenCounter
-from retrieval.compression import ChunkCompressor, count_context_tokens
-from retrieval.context import ContextChunk
-from retrieval.llmlingua_compressor import LLMLinguaCompressor
-from retrieval.tokens import ServingTokenizer
+from prepare.budget import TokenCounter
+from prepare.compression import ChunkCompressor, count_context_tokens
+from prepare.context import ContextChunk
+from prepare.llmlingua_compressor import LLMLinguaCompressor
+from prepare.tokens import ServingTokenizer
 
 OLD, NEW = "condition-compare", "one-pass, chunk-sized segment"
 

@@ -5,7 +5,7 @@
 
 Contexts are the first chunks of an index (default: indexes/default) up to each length in
 serving-tokenizer tokens, compressed chunk by chunk to rate 0.5 exactly as the compressor
-stage does (retrieval.compression). Each variant changes one knob against the previous
+stage does (prepare.compression). Each variant changes one knob against the previous
 shipped setting, so every gain is measured side by side on the same contexts:
 
 - `condition-compare` (the setting shipped before this bench): two scorer passes per
@@ -38,12 +38,12 @@ import numpy as np
 from bench.stats import percentile
 from harness.service import ROOT
 from pipeline.messages import CompressionPlan
-from retrieval.budget import TokenCounter
-from retrieval.compression import ChunkCompressor, compress_chunks, count_context_tokens
-from retrieval.context import ContextChunk
+from prepare.budget import TokenCounter
+from prepare.compression import ChunkCompressor, compress_chunks, count_context_tokens
+from prepare.context import ContextChunk
+from prepare.llmlingua_compressor import LLMLinguaCompressor, LLMLinguaOptions, ScorerDType
+from prepare.tokens import ServingTokenizer
 from retrieval.index import FaissIndex
-from retrieval.llmlingua_compressor import LLMLinguaCompressor, LLMLinguaOptions, ScorerDType
-from retrieval.tokens import ServingTokenizer
 
 QUESTION = "Which technique lowers time to first token, and what does it cost?"
 LLMLINGUA_HALF = CompressionPlan("llmlingua", rate=0.5)

@@ -51,8 +51,8 @@ from harness import processes
 from harness.service import ROOT, free_port, running_server, started_service
 from harness.variant import first_application, write_variant
 from harness.vllm_server import running_vllm, vllm_environment, vllm_serve_argv
+from prepare.prompt import build_messages
 from retrieval.models import resolve_model_reference
-from retrieval.prompt import build_messages
 
 PACED_TTFT_MS = 50.0
 SHIPPED_INTERVAL_MS = 50.0  # serve_config.yaml's generator.stream_batching_interval_ms

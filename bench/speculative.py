@@ -116,8 +116,8 @@ def build_prompts(
     questions: Sequence[str], top_k: int, index: Path = QUESTION_SETS["default"]
 ) -> list[list[dict[str, str]]]:
     """Chat messages as the service builds them: retrieval from `index`."""
+    from prepare.prompt import DEFAULT_SYSTEM_PROMPT, build_messages
     from retrieval.models import DEFAULT_EMBEDDING_MODEL, resolve_model_reference
-    from retrieval.prompt import DEFAULT_SYSTEM_PROMPT, build_messages
     from retrieval.retriever import Retriever
 
     retriever = Retriever.load(index, resolve_model_reference(DEFAULT_EMBEDDING_MODEL))

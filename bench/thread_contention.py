@@ -14,7 +14,7 @@ whole pass, and a nice value only shrinks the slice. This looks for it without t
   vLLM's forward pass runs).
 - Background (an ingestion job at job_cpu_share 1): a second process embedding batches of
   32 chunk-length texts without pause on one thread, lowered by the writer's own code
-  (retrieval.job_thread.lower_this_thread) to nice 10 or SCHED_IDLE.
+  (corpus.job_thread.lower_this_thread) to nice 10 or SCHED_IDLE.
 - Conditions per probe width, in the order alone, nice 10, SCHED_IDLE, alone (the two alone
   runs pooled, so a drift over the run falls on the baseline too). Each probe and writer is
   its own process, started and stopped here by its process id.
@@ -60,7 +60,7 @@ def _embedder(threads: int):
 
 def run_writer(scheduling: str) -> None:
     """Embed without pause on one thread lowered as the collection writer lowers its own."""
-    from retrieval.job_thread import Scheduling, lower_this_thread
+    from corpus.job_thread import Scheduling, lower_this_thread
 
     embedder = _embedder(1)
     texts = [CHUNK] * 32

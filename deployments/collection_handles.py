@@ -12,10 +12,10 @@ from typing import Any
 
 from ray.serve.handle import DeploymentHandle, DeploymentResponse
 
+from corpus.ingestion import JobInput, Upload
 from deployments.handles import REPLICA_LOST, call_stage
 from pipeline.messages import StageError
 from pipeline.stages import StageName, StageUnavailable
-from retrieval.ingestion import JobInput, Upload
 
 
 class HandleCollections:

@@ -9,7 +9,7 @@ status and outcome (a handful of values each); a job's collection is in its reco
 
 from __future__ import annotations
 
-from retrieval.ingestion import JobRecord
+from corpus.ingestion import JobRecord
 
 # Seconds: a job of a few short documents takes about a second on CPU, a large upload minutes.
 _JOB_BOUNDARIES_S = [0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800]
@@ -71,7 +71,7 @@ class IngestionMetrics:
 
 class VersionLoadMetrics:
     """A retriever replica opening a collection's newly published version
-    (retrieval.catalog.RetrieverCatalog's `on_load`), whether a query waited for it or it
+    (corpus.catalog.RetrieverCatalog's `on_load`), whether a query waited for it or it
     was opened in the background; created inside the replica.
 
     One series, not one per path: a series a single opening creates shows no increase to

@@ -1,7 +1,7 @@
 """Collection writer deployment: the one replica that changes collections.
 
 Creates and deletes collections, queues ingestion jobs and runs them one at a time in a
-thread (`retrieval.ingestion`), and answers job status and listings. The builder gives it
+thread (`corpus.ingestion`), and answers job status and listings. The builder gives it
 exactly one replica; the store's file lock also keeps out a writer of another application
 on the same folder. Answers are plain dicts (the API's response bodies) or StageErrors.
 """
@@ -14,26 +14,26 @@ from collections.abc import Callable
 from typing import Any
 
 from app.config import PROJECT_ROOT, RagAppConfig, resolve_path
-from deployments.collection_metrics import IngestionMetrics
-from pipeline.log import get_logger
-from pipeline.messages import DEFAULT_COLLECTION, StageError
-from retrieval.chunking import ChunkingParams
-from retrieval.collection_listing import (
+from corpus.collection_listing import (
     collection_documents,
     describe_collection,
     describe_shipped,
     shipped_documents,
 )
-from retrieval.collection_store import (
+from corpus.collection_store import (
     CollectionExists,
     CollectionNotFound,
     CollectionStore,
     InvalidCollectionName,
     WriterBusy,
 )
+from corpus.ingestion import Ingestor, JobBook, JobInput, JobRecord
+from corpus.job_thread import job_executor
+from deployments.collection_metrics import IngestionMetrics
+from pipeline.log import get_logger
+from pipeline.messages import DEFAULT_COLLECTION, StageError
+from retrieval.chunking import ChunkingParams
 from retrieval.embedding import Embedder
-from retrieval.ingestion import Ingestor, JobBook, JobInput, JobRecord
-from retrieval.job_thread import job_executor
 from retrieval.models import resolve_model_reference
 
 logger = get_logger(__name__)
@@ -180,7 +180,7 @@ class CollectionWriterDeployment:
         while True:
             job, work = await self._queue.get()
             async with self._writing:
-                # The job thread's priority is below the queries' (retrieval.job_thread);
+                # The job thread's priority is below the queries' (corpus.job_thread);
                 # torch runs its one intra-op thread on it.
                 await asyncio.get_running_loop().run_in_executor(
                     self._job_thread, self._run_job, job, work

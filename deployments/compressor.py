@@ -13,6 +13,8 @@ import asyncio
 import time
 
 from app.config import PROJECT_ROOT, RagAppConfig, resolve_path
+from corpus.catalog import SentenceStoreCatalog
+from corpus.collection_store import CollectionStore
 from deployments.version_refresh import VersionRefresher
 from pipeline.log import get_logger
 from pipeline.messages import (
@@ -27,12 +29,10 @@ from pipeline.messages import (
     StageError,
     StageTiming,
 )
-from retrieval.attribution import AttributionOptions, Attributor
-from retrieval.catalog import SentenceStoreCatalog
-from retrieval.collection_store import CollectionStore
+from prepare.attribution import AttributionOptions, Attributor
+from prepare.preparation import PromptPreparer, PromptTooLongError
 from retrieval.embedding import Embedder
 from retrieval.models import resolve_model_reference
-from retrieval.preparation import PromptPreparer, PromptTooLongError
 
 logger = get_logger(__name__)
 

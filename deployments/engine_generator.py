@@ -16,8 +16,8 @@ from generation.openai_engine import OpenAIEndpoint, OpenAIEngine
 from generation.paced_engine import PacedEngine
 from pipeline.log import get_logger
 from pipeline.messages import GenerationEvent, GenerationRequest
+from prepare.tokens import ServingTokenizer
 from retrieval.models import resolve_model_reference
-from retrieval.tokens import ServingTokenizer
 
 logger = get_logger(__name__)
 

@@ -27,8 +27,8 @@ from deployments.handles import HandleStages
 from deployments.metrics import PipelineMetrics
 from pipeline.log import get_logger
 from pipeline.rag import RagPipeline
+from prepare.preparation import PromptPreparer
 from retrieval.models import resolve_model_reference
-from retrieval.preparation import PromptPreparer
 
 logger = get_logger(__name__)
 

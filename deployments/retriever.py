@@ -2,7 +2,7 @@
 requests (`@serve.batch`) and the blocking work off the event loop.
 
 A request that names a collection is searched in that collection's current version
-(`retrieval.catalog`): CURRENT is read as the request starts, so a publish is seen by the
+(`corpus.catalog`): CURRENT is read as the request starts, so a publish is seen by the
 next request on every replica, and a request keeps the version it started with."""
 
 from __future__ import annotations
@@ -15,6 +15,8 @@ import numpy as np
 from ray import serve
 
 from app.config import PROJECT_ROOT, CollectionsConfig, RetrieverConfig, resolve_path
+from corpus.catalog import CollectionEmpty, RetrieverCatalog
+from corpus.collection_store import CollectionNotFound, CollectionStore, InvalidCollectionName
 from deployments.collection_metrics import VersionLoadMetrics
 from deployments.version_refresh import VersionRefresher
 from pipeline.log import get_logger
@@ -25,8 +27,6 @@ from pipeline.messages import (
     SearchOptions,
     StageError,
 )
-from retrieval.catalog import CollectionEmpty, RetrieverCatalog
-from retrieval.collection_store import CollectionNotFound, CollectionStore, InvalidCollectionName
 from retrieval.models import resolve_model_reference
 from retrieval.retriever import Retriever
 

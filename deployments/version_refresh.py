@@ -1,7 +1,7 @@
 """Opening new collection versions off the query path, in each retriever and compressor
 replica: a catalog's `refresh()` in a thread every `interval_s`.
 
-Queries read CURRENT themselves (retrieval.catalog), so this changes no answer; it only
+Queries read CURRENT themselves (corpus.catalog), so this changes no answer; it only
 spares the first query after a publish the wait for the new version to open. It starts
 with the first query that names a collection: a replica that serves only the shipped
 corpus polls nothing.

@@ -1,6 +1,6 @@
 """Load a document collection from a folder of .txt / .md files and JSONL records.
 
-The record and title rules here are also those of uploaded files (retrieval.uploads).
+The record and title rules here are also those of uploaded files (corpus.uploads).
 """
 
 from __future__ import annotations

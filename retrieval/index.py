@@ -188,7 +188,7 @@ class FaissIndex:
 
     @property
     def faiss_index(self):
-        """The faiss index itself (retrieval.incremental copies it and reads its vectors)."""
+        """The faiss index itself (corpus.incremental copies it and reads its vectors)."""
         return self._index
 
     @property

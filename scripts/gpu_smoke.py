@@ -53,7 +53,7 @@ from bench.hardware import GPUS, MODELS, WEIGHT_BYTES_PER_PARAM, gpu_preset, mod
 from bench.loadgen import RequestRecord, RequestSpec, make_client, run_load
 from bench.stats import tpot_ms
 from harness.service import ServiceError, started_service
-from retrieval.cost_model import CompressionCostModel
+from prepare.cost_model import CompressionCostModel
 from scripts.stage_costs import METHODS, QUESTIONS
 
 DEFAULT_CONFIG = PROJECT_ROOT / "serve_config.gpu.yaml"

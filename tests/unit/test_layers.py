@@ -25,6 +25,11 @@ def modules(package: str) -> list[Path]:
     return sorted((ROOT / package).rglob("*.py"))
 
 
+# The stages without Ray, in the order they may import each other: each only what is below.
+STAGES_BOTTOM_UP = ("retrieval", "prepare", "corpus")
+STAGE_PACKAGES = (*STAGES_BOTTOM_UP, "generation")
+
+
 @pytest.mark.parametrize("path", modules("app"), ids=lambda p: p.name)
 def test_the_http_layer_imports_no_ray_and_no_stage_implementation(path):
     imported = imported_packages(path)
@@ -33,11 +38,11 @@ def test_the_http_layer_imports_no_ray_and_no_stage_implementation(path):
     assert "deployments" not in imported
     assert "generation" not in imported
     if path.name != "config.py":  # the config tree names the stages' settings
-        assert "retrieval" not in imported
+        assert not imported & set(STAGE_PACKAGES)
 
 
 @pytest.mark.parametrize(
-    "path", modules("pipeline") + modules("retrieval") + modules("generation"),
+    "path", [p for package in ("pipeline", *STAGE_PACKAGES) for p in modules(package)],
     ids=lambda p: f"{p.parent.name}/{p.name}",
 )  # fmt: skip
 def test_stages_and_the_pipeline_import_no_ray_no_web_framework_and_no_app(path):
@@ -48,8 +53,8 @@ def test_stages_and_the_pipeline_import_no_ray_no_web_framework_and_no_app(path)
 
 @pytest.mark.parametrize(
     "path",
-    [p for package in ("app", "pipeline", "retrieval", "generation", "bench", "scripts",
-                       "harness") for p in modules(package)],
+    [p for package in ("app", "pipeline", *STAGE_PACKAGES, "bench", "scripts", "harness")
+     for p in modules(package)],
     ids=lambda p: f"{p.parent.name}/{p.name}",
 )  # fmt: skip
 def test_nothing_imports_the_ray_wiring(path):
@@ -64,9 +69,20 @@ def test_the_service_harness_imports_no_benchmark(path):
 
 @pytest.mark.parametrize(
     "path",
-    [p for package in ("app", "pipeline", "retrieval", "generation", "deployments")
+    [p for package in ("app", "pipeline", *STAGE_PACKAGES, "deployments")
      for p in modules(package)],
     ids=lambda p: f"{p.parent.name}/{p.name}",
 )  # fmt: skip
 def test_the_product_imports_neither_the_harness_nor_the_benchmarks(path):
     assert not imported_packages(path) & {"harness", "bench"}
+
+
+@pytest.mark.parametrize(
+    "path",
+    [p for package in STAGES_BOTTOM_UP for p in modules(package)],
+    ids=lambda p: f"{p.parent.name}/{p.name}",
+)
+def test_a_stage_imports_only_the_stages_below_it(path):
+    above = STAGES_BOTTOM_UP[STAGES_BOTTOM_UP.index(path.parent.name) + 1 :]
+
+    assert not imported_packages(path) & {*above, "generation"}

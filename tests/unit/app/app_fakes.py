@@ -37,7 +37,7 @@ from pipeline.messages import (
     TokenUsage,
 )
 from pipeline.rag import RagPipeline
-from retrieval.prompt import build_messages
+from prepare.prompt import build_messages
 
 TOKENS = ("Paged attention", " stores KV", " in blocks [kv#0].")
 USAGE = TokenUsage(prompt_tokens=321, completion_tokens=3, cached_tokens=256)

@@ -16,7 +16,7 @@ from app.config import (
     parse_config,
     resolve_path,
 )
-from retrieval.prompt import DEFAULT_SYSTEM_PROMPT
+from prepare.prompt import DEFAULT_SYSTEM_PROMPT
 
 
 def test_no_args_give_the_documented_defaults():

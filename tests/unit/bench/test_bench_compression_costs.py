@@ -24,7 +24,7 @@ from bench.compression_costs import (
     predict,
     verdict,
 )
-from retrieval.cost_model import CompressionCostModel, CompressorCost, PrefillCost
+from prepare.cost_model import CompressionCostModel, CompressorCost, PrefillCost
 
 GPU_PROFILE = PROJECT_ROOT / "serve_config.gpu.yaml"
 # No host work: what is left is the GPU's floors alone.

@@ -22,7 +22,7 @@ from bench.context_sweep import (
     top_k_for_length,
     wilson_interval,
 )
-from retrieval.cost_model import CompressionCostModel, CompressorCost, PrefillCost
+from prepare.cost_model import CompressionCostModel, CompressorCost, PrefillCost
 
 
 def test_top_k_is_the_fewest_chunks_that_reach_the_length():

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from bench.intervals import all_sections
 from bench.llmlingua_paired import NEW, OLD, render_markdown, time_pairs
-from retrieval.context import ContextChunk
+from prepare.context import ContextChunk
 
 
 class Halving:

@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 import ray.serve
 
+from corpus.ingestion import JobRecord
 from deployments.collection_metrics import IngestionMetrics, VersionLoadMetrics
-from retrieval.ingestion import JobRecord
 
 
 class _Metric:

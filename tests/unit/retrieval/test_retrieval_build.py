@@ -1,6 +1,6 @@
 """retrieval.build.build_index end to end on a tiny corpus, with a fake embedder.
 
-The embedder is faked (retrieval_fakes.HashEmbedder) because these tests are about chunking,
+The embedder is faked (index_fakes.HashEmbedder) because these tests are about chunking,
 sentence-row bookkeeping and the atomic swap; the real sentence-transformers embedder is
 exercised by the integration tests.
 """
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from retrieval_fakes import DIMENSION, HashEmbedder
+from index_fakes import DIMENSION, HashEmbedder
 
 from retrieval.build import build_index
 from retrieval.chunking import ChunkingParams

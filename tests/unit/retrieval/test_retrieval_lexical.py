@@ -13,7 +13,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from retrieval_fakes import HashEmbedder
+from index_fakes import HashEmbedder
 
 from retrieval import retriever as retriever_module
 from retrieval.build import build_index

@@ -19,7 +19,7 @@ import yaml
 from app.config import PROJECT_ROOT, parse_config
 from bench.loadgen import RequestRecord, request_body
 from harness.service import RunningService
-from retrieval.cost_model import CompressionCostModel, CompressorCost, PrefillCost
+from prepare.cost_model import CompressionCostModel, CompressorCost, PrefillCost
 from scripts import gpu_smoke
 from scripts.gpu_smoke import (
     Predictor,

@@ -1,6 +1,6 @@
 """A stand-in for LLMLingua-2's scorer, so its code path runs where the real weights are not.
 
-    python -m retrieval.llmlingua2_standin --output .models/llmlingua-2-xlm-roberta-large-standin
+    python -m scripts.llmlingua2_standin --output .models/llmlingua-2-xlm-roberta-large-standin
 
 No package ships the `microsoft/llmlingua-2-*` weights, so `use_llmlingua2` could not run
 here. This writes a folder that llmlingua 0.2.2's `PromptCompressor(use_llmlingua2=True)`

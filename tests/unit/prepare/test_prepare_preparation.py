@@ -1,4 +1,4 @@
-"""retrieval.preparation: sanitise, compress and fit the prompt to the serving model.
+"""prepare.preparation: sanitise, compress and fit the prompt to the serving model.
 
 The sentence embeddings come from a SentenceStore (the compressor's copy of the index), looked
 up by each RetrievedChunk's row, and only when the store belongs to the index the retrieval
@@ -23,14 +23,14 @@ from pipeline.messages import (
     StageTiming,
     Turn,
 )
-from retrieval import preparation as preparation_module
+from prepare import preparation as preparation_module
+from prepare.cost_model import CompressionCostModel, CompressorCost, PrefillCost
+from prepare.llmlingua_compressor import LLMLinguaOptions
+from prepare.preparation import LLMLinguaLoad, PromptPreparer, PromptTooLongError
+from prepare.prompt import DEFAULT_SYSTEM_PROMPT, SHORT_ANSWER_SYSTEM_PROMPT, build_messages
+from prepare.sentence_store import SentenceStore
 from retrieval.chunking import Chunk
-from retrieval.cost_model import CompressionCostModel, CompressorCost, PrefillCost
 from retrieval.index import FaissIndex, IndexedChunk, IndexParams, Manifest
-from retrieval.llmlingua_compressor import LLMLinguaOptions
-from retrieval.preparation import LLMLinguaLoad, PromptPreparer, PromptTooLongError
-from retrieval.prompt import DEFAULT_SYSTEM_PROMPT, SHORT_ANSWER_SYSTEM_PROMPT, build_messages
-from retrieval.sentence_store import SentenceStore
 
 PROJECT_ROOT = Path(__file__).resolve().parents[3]
 SERVING_MODEL = PROJECT_ROOT / ".models" / "smollm2-135m-instruct"
@@ -643,7 +643,7 @@ def test_llmlingua_load_defaults_to_float32_on_the_cpu():
 def test_each_default_system_prompt_fills_a_cpu_kv_block_and_is_a_stable_prefix(style):
     from transformers import AutoTokenizer
 
-    from retrieval.tokens import ServingTokenizer
+    from prepare.tokens import ServingTokenizer
 
     hf = AutoTokenizer.from_pretrained(str(SERVING_MODEL))  # as ServingTokenizer.load does
     tokenizer = ServingTokenizer(hf)

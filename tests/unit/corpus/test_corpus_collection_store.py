@@ -1,4 +1,4 @@
-"""retrieval.collection_store: versioned collections, the CURRENT commit point, the writer lock.
+"""corpus.collection_store: versioned collections, the CURRENT commit point, the writer lock.
 
 Everything is real on a temporary folder; a staging folder holds only a manifest, which is all
 the store reads of an index. Crashes are simulated by stopping a writer part way (or making
@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from retrieval.collection_store import (
+from corpus.collection_store import (
     DEFAULT_COLLECTION,
     CollectionExists,
     CollectionNotFound,
@@ -464,7 +464,7 @@ def test_a_negative_timeout_is_refused(store):
 CHILD_WRITER = """
 import sys
 from pathlib import Path
-from retrieval.collection_store import CollectionStore, WriterBusy
+from corpus.collection_store import CollectionStore, WriterBusy
 
 try:
     with CollectionStore(Path(sys.argv[1])).writer(timeout_s=float(sys.argv[2])):

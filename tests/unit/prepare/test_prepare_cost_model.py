@@ -1,11 +1,11 @@
-"""retrieval.cost_model: the arithmetic of the `auto` compression policy, by hand."""
+"""prepare.cost_model: the arithmetic of the `auto` compression policy, by hand."""
 
 from __future__ import annotations
 
 import pytest
 
 from pipeline.messages import CompressionDecision
-from retrieval.cost_model import CompressionCostModel, CompressorCost, PrefillCost
+from prepare.cost_model import CompressionCostModel, CompressorCost, PrefillCost
 
 MODEL = CompressionCostModel(
     prefill=PrefillCost(ms_per_token=2.0, ms_per_token_squared=0.001),

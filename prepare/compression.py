@@ -20,8 +20,8 @@ from typing import Protocol
 import numpy as np
 
 from pipeline.messages import CompressionPlan
-from retrieval.budget import TokenCounter
-from retrieval.context import ContextChunk
+from prepare.budget import TokenCounter
+from prepare.context import ContextChunk
 
 
 class ChunkCompressor(Protocol):

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from pipeline.messages import RetrievedChunk
-from retrieval.context import ContextChunk
+from prepare.context import ContextChunk
 from retrieval.index import (
     SENTENCES_FILE,
     IndexedChunk,

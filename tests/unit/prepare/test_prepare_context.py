@@ -1,4 +1,4 @@
-"""retrieval.context: chunks keep their identity when their text is rewritten, split their
+"""prepare.context: chunks keep their identity when their text is rewritten, split their
 sentences when no embeddings are stored, and become the sources the prompt reports."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from pipeline.messages import PromptSource, RetrievedChunk
-from retrieval.context import ContextChunk
+from prepare.context import ContextChunk
 
 
 def test_with_text_keeps_the_source_and_drops_stale_sentence_embeddings():

@@ -1,4 +1,4 @@
-"""retrieval.ingestion: a job's outcome, per-document errors, what a failure leaves served,
+"""corpus.ingestion: a job's outcome, per-document errors, what a failure leaves served,
 and job records that outlive the writer. The embedder is faked (these tests are about the
 job's bookkeeping); the catalog tests at the end read what the jobs published, as the
 retriever and compressor replicas do."""
@@ -9,15 +9,15 @@ import functools
 from pathlib import Path
 
 import pytest
-from retrieval_fakes import HashEmbedder
+from index_fakes import HashEmbedder
 
+from corpus import ingestion
+from corpus.catalog import CollectionEmpty, RetrieverCatalog, SentenceStoreCatalog
+from corpus.collection_store import CollectionNotFound, CollectionStore
+from corpus.ingestion import Ingestor, JobBook, JobInput, Upload
 from pipeline.messages import DEFAULT_COLLECTION
-from retrieval import ingestion
-from retrieval.catalog import CollectionEmpty, RetrieverCatalog, SentenceStoreCatalog
 from retrieval.chunking import ChunkingParams
-from retrieval.collection_store import CollectionNotFound, CollectionStore
 from retrieval.index import FaissIndex
-from retrieval.ingestion import Ingestor, JobBook, JobInput, Upload
 from retrieval.retriever import Retriever
 
 MODEL = "hash-embedder"

@@ -1,4 +1,4 @@
-"""retrieval.job_thread: the job thread's priority is lowered, and only that thread's."""
+"""corpus.job_thread: the job thread's priority is lowered, and only that thread's."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from retrieval.job_thread import job_executor, lower_this_thread
+from corpus.job_thread import job_executor, lower_this_thread
 
 linux = pytest.mark.skipif(sys.platform != "linux", reason="per-thread scheduling is Linux's")
 

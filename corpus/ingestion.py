@@ -2,8 +2,8 @@
 
 A job reads what was sent (JSON records or uploaded files; a document that cannot be read is
 reported and skipped, the rest go on), builds the next version from the current one
-(retrieval.incremental: only new documents are embedded) under the store's writer lock, and
-publishes it (retrieval.collection_store: the CURRENT switch is the commit point). Every
+(corpus.incremental: only new documents are embedded) under the store's writer lock, and
+publishes it (corpus.collection_store: the CURRENT switch is the commit point). Every
 retriever replica reads CURRENT at the start of each query, so once a job says `succeeded`
 no query that starts afterwards is served from an older version.
 
@@ -26,13 +26,13 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from corpus.collection_store import CollectionNotFound, CollectionStore, write_atomically
+from corpus.incremental import DocumentChanges, build_next_version
+from corpus.uploads import documents_from_records, parse_upload
 from retrieval.chunking import ChunkingParams
-from retrieval.collection_store import CollectionNotFound, CollectionStore, write_atomically
 from retrieval.documents import Document, DocumentError
 from retrieval.embedding import Embedder
-from retrieval.incremental import DocumentChanges, build_next_version
 from retrieval.index import IndexParams
-from retrieval.uploads import documents_from_records, parse_upload
 
 logger = logging.getLogger(__name__)
 

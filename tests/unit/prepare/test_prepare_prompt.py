@@ -1,11 +1,11 @@
-"""retrieval.prompt: message layout for the prefix cache, and neutralising untrusted text."""
+"""prepare.prompt: message layout for the prefix cache, and neutralising untrusted text."""
 
 from __future__ import annotations
 
 import pytest
 
-from retrieval.context import ContextChunk
-from retrieval.prompt import DEFAULT_SYSTEM_PROMPT, build_messages, neutralize, render_context
+from prepare.context import ContextChunk
+from prepare.prompt import DEFAULT_SYSTEM_PROMPT, build_messages, neutralize, render_context
 
 
 def chunk(chunk_id: str, title: str, text: str) -> ContextChunk:

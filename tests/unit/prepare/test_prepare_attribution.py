@@ -1,4 +1,4 @@
-"""retrieval.attribution: answer sentences attributed to the source sentences that support them.
+"""prepare.attribution: answer sentences attributed to the source sentences that support them.
 
 Most tests embed with a deterministic bag-of-words hashing embedder (the tests are about the
 scoring and selection rules); one, marked `models`, runs the real MiniLM embedder.
@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from pipeline.messages import Citation, PromptSource
-from retrieval.attribution import AttributionOptions, Attributor, content_words
+from prepare.attribution import AttributionOptions, Attributor, content_words
 
 PROJECT_ROOT = Path(__file__).resolve().parents[3]
 DIMENSION = 512

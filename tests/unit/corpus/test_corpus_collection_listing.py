@@ -1,4 +1,4 @@
-"""retrieval.collection_listing: collections and their documents as the API lists them,
+"""corpus.collection_listing: collections and their documents as the API lists them,
 for a store's collection (through real ingestion jobs) and for the shipped index (a folder
 of retrieval.build). The embedder is faked: listings are about bookkeeping."""
 
@@ -7,20 +7,20 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from retrieval_fakes import HashEmbedder
+from index_fakes import HashEmbedder
 
-from pipeline.messages import DEFAULT_COLLECTION
-from retrieval.build import build_index
-from retrieval.chunking import ChunkingParams
-from retrieval.collection_listing import (
+from corpus.collection_listing import (
     collection_documents,
     describe_collection,
     describe_shipped,
     shipped_documents,
 )
-from retrieval.collection_store import CollectionNotFound, CollectionStore
+from corpus.collection_store import CollectionNotFound, CollectionStore
+from corpus.ingestion import Ingestor, JobBook, JobInput
+from pipeline.messages import DEFAULT_COLLECTION
+from retrieval.build import build_index
+from retrieval.chunking import ChunkingParams
 from retrieval.index import IndexParams
-from retrieval.ingestion import Ingestor, JobBook, JobInput
 
 CHUNKING = ChunkingParams(chunk_tokens=8, overlap_tokens=3)
 FACTS = (

@@ -1,4 +1,4 @@
-"""retrieval.uploads: uploaded .txt/.md/.html/.pdf/.json/.jsonl files into Documents."""
+"""corpus.uploads: uploaded .txt/.md/.html/.pdf/.json/.jsonl files into Documents."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from retrieval import uploads
+from corpus import uploads
+from corpus.uploads import UnsupportedUpload, documents_from_records, parse_upload
 from retrieval.documents import Document, DocumentError
-from retrieval.uploads import UnsupportedUpload, documents_from_records, parse_upload
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -246,7 +246,7 @@ def test_pdf_text_over_the_limit_is_refused(monkeypatch):
 
 def test_pypdf_is_imported_only_when_a_pdf_is_read():
     code = (
-        "import sys, retrieval.uploads as u; "
+        "import sys, corpus.uploads as u; "
         "u.parse_upload('a.txt', b'x'); print('pypdf' in sys.modules)"
     )
     result = subprocess.run(

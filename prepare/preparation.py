@@ -24,14 +24,14 @@ from pipeline.messages import (
     StageTiming,
     Turn,
 )
-from retrieval.budget import context_budget_tokens, fit_to_budget
-from retrieval.compression import ChunkCompressor, compress_chunks, count_context_tokens
-from retrieval.context import ContextChunk
-from retrieval.cost_model import CompressionCostModel
-from retrieval.llmlingua_compressor import LLMLinguaCompressor, LLMLinguaOptions, ScorerDType
-from retrieval.prompt import build_messages, neutralize
-from retrieval.sentence_store import SentenceStore
-from retrieval.tokens import ServingTokenizer
+from prepare.budget import context_budget_tokens, fit_to_budget
+from prepare.compression import ChunkCompressor, compress_chunks, count_context_tokens
+from prepare.context import ContextChunk
+from prepare.cost_model import CompressionCostModel
+from prepare.llmlingua_compressor import LLMLinguaCompressor, LLMLinguaOptions, ScorerDType
+from prepare.prompt import build_messages, neutralize
+from prepare.sentence_store import SentenceStore
+from prepare.tokens import ServingTokenizer
 
 # (collection, index version) -> that version's sentence store, None when it cannot be read.
 CollectionStores = Callable[[str, str], SentenceStore | None]

@@ -1,4 +1,4 @@
-"""retrieval.llmlingua_compressor: how one chunk is handed to LLMLingua's PromptCompressor.
+"""prepare.llmlingua_compressor: how one chunk is handed to LLMLingua's PromptCompressor.
 
 The PromptCompressor is a recording fake: these tests are about the arguments the adapter
 passes; LLMLingua itself runs in the integration tests.
@@ -6,7 +6,7 @@ passes; LLMLingua itself runs in the integration tests.
 
 from __future__ import annotations
 
-from retrieval.llmlingua_compressor import LLMLinguaCompressor, LLMLinguaOptions
+from prepare.llmlingua_compressor import LLMLinguaCompressor, LLMLinguaOptions
 
 
 class RecordingPromptCompressor:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from retrieval.context import ContextChunk
+from prepare.context import ContextChunk
 
 TokenCounter = Callable[[str], int]
 

@@ -1,4 +1,4 @@
-"""retrieval.llmlingua2_standin, and through it the compressor's LLMLingua-2 path.
+"""scripts.llmlingua2_standin, and through it the compressor's LLMLingua-2 path.
 
 No package ships the LLMLingua-2 weights, so the stand-in scorer (a tiny XLM-RoBERTa token
 classifier, random weights, fixed seed) takes their place. These tests run the project's
@@ -30,21 +30,21 @@ from pipeline.messages import (
     RetrievedChunk,
     StageTiming,
 )
+from prepare.llmlingua_compressor import LLMLinguaCompressor, LLMLinguaOptions
 from retrieval.chunking import Chunk
 from retrieval.index import FaissIndex, IndexedChunk, IndexParams, Manifest
-from retrieval.llmlingua2_standin import (
+from scripts.llmlingua2_standin import (
     MASK_TOKEN,
     SPECIAL_TOKENS,
     STANDIN_DIRNAME,
     build_standin,
     standin_vocab,
 )
-from retrieval.llmlingua_compressor import LLMLinguaCompressor, LLMLinguaOptions
 
 TIKTOKEN_CACHE = PROJECT_ROOT / ".cache" / "tiktoken"
 SERVING_MODEL = PROJECT_ROOT / ".models" / "smollm2-135m-instruct"
 GPU_PROFILE = PROJECT_ROOT / "serve_config.gpu.yaml"
-# What the compressor asks LLMLingua-2 to keep whatever the scores (retrieval.llmlingua_compressor).
+# What the compressor asks LLMLingua-2 to keep whatever the scores (prepare.llmlingua_compressor).
 FORCE_TOKENS = (".", "?", "\n")
 # LLMLingua-2's word units: it starts a new word at each punctuation mark, `_` included.
 WORD_UNITS = re.compile(r"[^\W_]+|[^\w\s]|_")

@@ -1,4 +1,4 @@
-"""The FAISS index of the next version of an index folder (retrieval.incremental), made by
+"""The FAISS index of the next version of an index folder (corpus.incremental), made by
 updating the previous version's index where its kind allows, so the kept chunks' vectors are
 neither embedded nor, where avoidable, indexed again.
 

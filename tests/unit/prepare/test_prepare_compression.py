@@ -1,4 +1,4 @@
-"""retrieval.compression: plans, sentence selection, and the LLMLingua hook per chunk."""
+"""prepare.compression: plans, sentence selection, and the LLMLingua hook per chunk."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from pipeline.messages import COMPRESSION_METHODS, CompressionPlan
-from retrieval.compression import compress_chunks, count_context_tokens, select_sentences
-from retrieval.context import ContextChunk
+from prepare.compression import compress_chunks, count_context_tokens, select_sentences
+from prepare.context import ContextChunk
 
 QUESTION = np.array([1.0, 0.0, 0.0, 0.0], dtype=np.float32)
 

@@ -1,7 +1,7 @@
 """Which loaded index serves a collection: the shipped corpus, or a collection's version.
 
 A collection is a series of immutable version folders with a CURRENT pointer
-(retrieval.collection_store). The retriever reads CURRENT at the start of every query (one
+(corpus.collection_store). The retriever reads CURRENT at the start of every query (one
 small file) and opens the version it names when that is new to this replica, so no query that
 starts after a publish searches an older version. A query keeps the Retriever it started
 with, and its Retrieval names the collection and version, which is the one folder the
@@ -18,10 +18,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from corpus.collection_store import CollectionNotFound, CollectionStore
 from pipeline.messages import DEFAULT_COLLECTION
-from retrieval.collection_store import CollectionNotFound, CollectionStore
+from prepare.sentence_store import SentenceStore
 from retrieval.retriever import Retriever
-from retrieval.sentence_store import SentenceStore
 
 logger = logging.getLogger(__name__)
 

@@ -1,10 +1,10 @@
-"""retrieval.incremental: the next version of an index folder from the previous one plus
+"""corpus.incremental: the next version of an index folder from the previous one plus
 document changes, with real faiss and bm25s.
 
-The embedder is faked (retrieval_fakes.HashEmbedder) because these tests are about
+The embedder is faked (index_fakes.HashEmbedder) because these tests are about
 bookkeeping: which chunks and sentences are embedded again, which stored vectors are reused,
 and whether every file of a version still agrees with the others. The FAISS update per kind
-is retrieval.incremental_faiss, exercised here through build_next_version.
+is corpus.incremental_faiss, exercised here through build_next_version.
 """
 
 from __future__ import annotations
@@ -15,22 +15,22 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from retrieval_fakes import DIMENSION, HashEmbedder
+from index_fakes import DIMENSION, HashEmbedder
 
-from retrieval import incremental_faiss
-from retrieval.build import build_index
-from retrieval.chunking import ChunkingParams
-from retrieval.documents import Document
-from retrieval.incremental import (
+from corpus import incremental_faiss
+from corpus.incremental import (
     DOCUMENTS_FILE,
     DocumentChanges,
     DocumentInfo,
     build_next_version,
     read_documents,
 )
+from prepare.sentence_store import SentenceStore
+from retrieval.build import build_index
+from retrieval.chunking import ChunkingParams
+from retrieval.documents import Document
 from retrieval.index import FaissIndex, IndexParams, manifest_version
 from retrieval.lexical import MANIFEST_KEY, LexicalIndex
-from retrieval.sentence_store import SentenceStore
 
 CHUNKING = ChunkingParams(chunk_tokens=8, overlap_tokens=3)
 ONE = Document(

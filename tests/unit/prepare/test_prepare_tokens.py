@@ -1,4 +1,4 @@
-"""retrieval.tokens: ServingTokenizer's own logic over a minimal Hugging Face tokenizer stand-in.
+"""prepare.tokens: ServingTokenizer's own logic over a minimal Hugging Face tokenizer stand-in.
 
 The stand-in is a fake because these tests are about counting and filtering; the real serving
 tokenizer is exercised in test_retrieval_preparation.py (marker `models`).
@@ -6,7 +6,7 @@ tokenizer is exercised in test_retrieval_preparation.py (marker `models`).
 
 from __future__ import annotations
 
-from retrieval.tokens import ServingTokenizer
+from prepare.tokens import ServingTokenizer
 
 
 class CharTokenizer:

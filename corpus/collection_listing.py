@@ -10,9 +10,9 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from corpus.collection_store import CollectionNotFound, CollectionStore
+from corpus.incremental import read_documents
 from pipeline.messages import DEFAULT_COLLECTION
-from retrieval.collection_store import CollectionNotFound, CollectionStore
-from retrieval.incremental import read_documents
 from retrieval.index import Manifest, manifest_version, read_chunks, read_manifest
 
 

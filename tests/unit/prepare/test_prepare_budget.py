@@ -1,11 +1,11 @@
-"""retrieval.budget: how much context fits, and cutting it at chunk and sentence edges."""
+"""prepare.budget: how much context fits, and cutting it at chunk and sentence edges."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from retrieval.budget import context_budget_tokens, fence_tokens, fit_to_budget
-from retrieval.context import ContextChunk
+from prepare.budget import context_budget_tokens, fence_tokens, fit_to_budget
+from prepare.context import ContextChunk
 
 
 def words(text: str) -> int:

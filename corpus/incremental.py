@@ -14,7 +14,7 @@ What is incremental and what is rebuilt:
 - Sentence embeddings: the matrix is rebuilt densely (one row per distinct sentence of the
   kept and new chunks); a sentence text the previous version held keeps its stored
   embedding, and only sentence texts new to the collection are embedded.
-- FAISS (retrieval.incremental_faiss): the previous index is copied and updated where it has
+- FAISS (corpus.incremental_faiss): the previous index is copied and updated where it has
   the kind and build settings resolved now (`flat`: rows removed and the new vectors
   appended; `hnsw`: appended to when nothing is removed, else rebuilt; `ivf`: refilled on
   its trained quantizer until the collection outgrows its lists), else a new index is built
@@ -38,11 +38,11 @@ from pathlib import Path
 
 import numpy as np
 
+from corpus.incremental_faiss import next_faiss_index
 from retrieval.build import index_sentences
 from retrieval.chunking import Chunk, ChunkingParams, chunk_document
 from retrieval.documents import Document
 from retrieval.embedding import Embedder
-from retrieval.incremental_faiss import next_faiss_index
 from retrieval.index import (
     AUTO_TIERS,
     AutoTiers,
@@ -61,7 +61,7 @@ logger = logging.getLogger(__name__)
 
 DOCUMENTS_FILE = "documents.jsonl"
 # Upserted documents are embedded in blocks of about this many chunks (well under a second
-# here), so progress moves and a throttled job (retrieval.ingestion) pauses often.
+# here), so progress moves and a throttled job (corpus.ingestion) pauses often.
 EMBED_BLOCK_CHUNKS = 32
 BUILT_AT_FORMAT = "%Y-%m-%dT%H:%M:%SZ"
 AUTO_INDEX = IndexParams(kind="auto")

@@ -1,4 +1,4 @@
-"""retrieval.sentence_store: the compressor's copy of every chunk's sentences and embeddings.
+"""prepare.sentence_store: the compressor's copy of every chunk's sentences and embeddings.
 
 The index is real (FaissIndex.build + save on a handful of hand-made chunks); the store is
 loaded from the saved folder as the compressor loads it.
@@ -12,9 +12,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from retrieval_fakes import HashEmbedder
+from index_fakes import HashEmbedder
 
 from pipeline.messages import RetrievedChunk
+from prepare.sentence_store import SentenceStore
 from retrieval.build import build_index
 from retrieval.chunking import Chunk, ChunkingParams
 from retrieval.index import (
@@ -26,7 +27,6 @@ from retrieval.index import (
     manifest_version,
     read_manifest,
 )
-from retrieval.sentence_store import SentenceStore
 
 DIMENSION = 8
 SENTENCES = (
