@@ -8,20 +8,27 @@ against the project root, so the same file works from `serve run` and `serve dep
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    model_validator,
+)
 
 from pipeline.conversation import ConversationSettings
 from pipeline.messages import (
     AnswerStyle,
-    CompressionMethod,
     CompressionPolicy,
     RetrievalMode,
     RetrievalQueryMode,
 )
 from prepare.cost_model import CompressionCostModel, CompressorCost, PrefillCost
 from prepare.llmlingua_compressor import LLMLinguaOptions
+from prepare.methods import get_method, known_method, method_names
 from prepare.preparation import LLMLinguaLoad
 from prepare.prompt import (
     DEFAULT_SYSTEM_PROMPT,
@@ -317,10 +324,10 @@ class CompressionConfig(StrictModel):
         "predicts a larger prefill saving than the compression costs, per request.",
     )
     cost_model: CostModelConfig = CostModelConfig()
-    default_method: CompressionMethod = Field(
+    default_method: Annotated[str, AfterValidator(known_method)] = Field(
         "sentences",
-        description="Method used when a request names none: none, sentences, llmlingua, "
-        "sentences+llmlingua.",
+        description="Method used when a request names none, one of prepare.methods' "
+        f"registry ({', '.join(method_names())}).",
     )
     rate: float = Field(0.5, gt=0, le=1, description="Fraction of context tokens to keep.")
     target_tokens: int | None = Field(
@@ -334,7 +341,7 @@ class CompressionConfig(StrictModel):
 
     @model_validator(mode="after")
     def _llmlingua_loaded(self) -> CompressionConfig:
-        if "llmlingua" in self.default_method and not self.llmlingua.enabled:
+        if get_method(self.default_method).needs_chunk_compressor and not self.llmlingua.enabled:
             raise ValueError(f"default_method {self.default_method!r} needs llmlingua.enabled")
         return self
 

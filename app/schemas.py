@@ -2,19 +2,27 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
 from pipeline.messages import (
     COLLECTION_NAME_PATTERN,
     DEFAULT_COLLECTION,
     AnswerStyle,
-    CompressionMethod,
     CompressionPolicy,
     RetrievalMode,
     RetrievalQueryMode,
 )
+from prepare.methods import known_method, method_names
+
+# A registered compression method's name; the OpenAPI document lists the registry's names
+# (the playground reads its menu from there).
+MethodName = Annotated[
+    str,
+    AfterValidator(known_method),
+    Field(json_schema_extra=lambda schema: schema.update(enum=list(method_names()))),
+]
 
 
 class _Strict(BaseModel):
@@ -22,7 +30,9 @@ class _Strict(BaseModel):
 
 
 class CompressionOptions(_Strict):
-    method: CompressionMethod | None = Field(None, description="Overrides the default method.")
+    method: MethodName | None = Field(
+        None, description="Overrides the default method (prepare.methods' registry)."
+    )
     rate: float | None = Field(None, gt=0, le=1, description="Fraction of context tokens kept.")
     target_tokens: int | None = Field(None, ge=1, description="Context tokens to keep.")
     policy: CompressionPolicy | None = Field(

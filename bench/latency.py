@@ -38,7 +38,7 @@ from bench.loadgen import (
 )
 from bench.questions import DEFAULT_QUESTIONS
 from bench.stats import Summary, advisor_figures, markdown_table, summarize
-from pipeline.messages import COMPRESSION_METHODS
+from prepare.methods import method_names
 
 _LABEL = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]*")
 
@@ -58,7 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--num-requests", type=int, required=True)
     parser.add_argument("--max-tokens", type=int, required=True)
     parser.add_argument("--top-k", type=int)
-    parser.add_argument("--compression", choices=COMPRESSION_METHODS)
+    parser.add_argument("--compression", choices=method_names())
     parser.add_argument("--rate-keep", type=float, help="fraction of context tokens kept")
     parser.add_argument(
         "--policy",

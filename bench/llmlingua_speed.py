@@ -39,9 +39,10 @@ from bench.stats import percentile
 from harness.service import ROOT
 from pipeline.messages import CompressionPlan
 from prepare.budget import TokenCounter
-from prepare.compression import ChunkCompressor, compress_chunks, count_context_tokens
+from prepare.compression import ChunkCompressor, count_context_tokens
 from prepare.context import ContextChunk
 from prepare.llmlingua_compressor import LLMLinguaCompressor, LLMLinguaOptions, ScorerDType
+from prepare.methods import compress_chunks
 from prepare.tokens import ServingTokenizer
 from retrieval.index import FaissIndex
 

@@ -106,7 +106,7 @@ class CompressorDeployment:
         """Compressed, budgeted messages for the generator, or the reason there are none."""
         if retrieval.collection != DEFAULT_COLLECTION and self._refresher is not None:
             self._refresher.start()
-        if "llmlingua" in plan.method and not self._preparer.has_chunk_compressor:
+        if not self._preparer.loaded_for(plan.method):
             return StageError(
                 400,
                 f"compression method {plan.method!r} is not enabled on this deployment",

@@ -19,13 +19,8 @@ from typing import Literal
 
 import numpy as np
 
-CompressionMethod = Literal["none", "sentences", "llmlingua", "sentences+llmlingua"]
-COMPRESSION_METHODS: tuple[CompressionMethod, ...] = (
-    "none",
-    "sentences",
-    "llmlingua",
-    "sentences+llmlingua",
-)
+# A compression method's name: one registered in prepare.methods ("none", "sentences", ...).
+CompressionMethod = str
 CompressionPolicy = Literal["always", "auto"]
 COMPRESSION_POLICIES: tuple[CompressionPolicy, ...] = ("always", "auto")
 # short: the answer span only; explained: a few sentences. Each has its own static system

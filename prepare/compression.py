@@ -1,25 +1,15 @@
-"""Compress the retrieved context, chunk by chunk, so every kept chunk keeps its source id.
-
-Methods:
-- `none`: the context as retrieved.
-- `sentences`: keep the sentences most similar to the question (embeddings computed once at
-  index time, so a query costs dot products), greedily up to the token target, in their
-  original order.
-- `llmlingua`: LLMLingua's PromptCompressor (LongLLMLingua question-aware, or LLMLingua-2)
-  on each chunk.
-- `sentences+llmlingua`: sentence selection first, then LLMLingua on what it kept.
-Only the context is compressed, never the system prompt or the question.
+"""The compression algorithms, chunk by chunk, so every kept chunk keeps its source id:
+sentence selection by embedding similarity, and a token-level compressor (LLMLingua) applied
+to each chunk at one rate. `prepare.methods` names their combinations as methods.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from typing import Protocol
 
 import numpy as np
 
-from pipeline.messages import CompressionPlan
 from prepare.budget import TokenCounter
 from prepare.context import ContextChunk
 
@@ -33,30 +23,6 @@ class ChunkCompressor(Protocol):
 def count_context_tokens(chunks: Sequence[ContextChunk], count_tokens: TokenCounter) -> int:
     """Tokens of the chunks' texts (the part compression acts on)."""
     return sum(count_tokens(chunk.text) for chunk in chunks)
-
-
-def compress_chunks(
-    plan: CompressionPlan,
-    question: str,
-    question_embedding: np.ndarray,
-    chunks: Sequence[ContextChunk],
-    count_tokens: TokenCounter,
-    chunk_compressor: ChunkCompressor | None = None,
-    sentence_prefilter_rate: float = 0.5,
-) -> list[ContextChunk]:
-    """Apply `plan` to `chunks`; raise ValueError when the method needs a missing compressor."""
-    if plan.method == "none" or not chunks:
-        return list(chunks)
-    tokens_before = count_context_tokens(chunks, count_tokens)
-    target = plan.target_for(tokens_before)
-    if plan.method == "sentences":
-        return select_sentences(question_embedding, chunks, count_tokens, target)
-    if chunk_compressor is None:
-        raise ValueError(f"compression method {plan.method!r} needs LLMLingua, which is not loaded")
-    if plan.method == "sentences+llmlingua":
-        prefilter_target = max(target, math.ceil(sentence_prefilter_rate * tokens_before))
-        chunks = select_sentences(question_embedding, chunks, count_tokens, prefilter_target)
-    return _compress_each(chunks, question, count_tokens, target, chunk_compressor)
 
 
 def select_sentences(
@@ -94,13 +60,16 @@ def select_sentences(
     ]
 
 
-def _compress_each(
+def compress_each(
     chunks: Sequence[ContextChunk],
     question: str,
     count_tokens: TokenCounter,
     target_tokens: int,
     chunk_compressor: ChunkCompressor,
 ) -> list[ContextChunk]:
+    """Run the token-level compressor on each chunk at one rate, so the context comes to
+    `target_tokens`; a chunk it empties is dropped, and a context already small enough is
+    returned as is."""
     tokens_now = count_context_tokens(chunks, count_tokens)
     if tokens_now <= target_tokens:
         return list(chunks)

@@ -25,10 +25,11 @@ from pipeline.messages import (
     Turn,
 )
 from prepare.budget import context_budget_tokens, fit_to_budget
-from prepare.compression import ChunkCompressor, compress_chunks, count_context_tokens
+from prepare.compression import ChunkCompressor, count_context_tokens
 from prepare.context import ContextChunk
 from prepare.cost_model import CompressionCostModel
 from prepare.llmlingua_compressor import LLMLinguaCompressor, LLMLinguaOptions, ScorerDType
+from prepare.methods import NO_COMPRESSION, ContextSize, compress_chunks, decide, get_method
 from prepare.prompt import build_messages, neutralize
 from prepare.sentence_store import SentenceStore
 from prepare.tokens import ServingTokenizer
@@ -137,6 +138,13 @@ class PromptPreparer:
     def has_chunk_compressor(self) -> bool:
         return self._chunk_compressor is not None
 
+    def loaded_for(self, method_name: str) -> bool:
+        """Whether this preparer loaded what the method needs to run at all (a missing
+        sentence store only degrades a request; a compressor not loaded refuses it)."""
+        return self._chunk_compressor is not None or not (
+            get_method(method_name).needs_chunk_compressor
+        )
+
     def fit_history(self, history: Sequence[Turn]) -> tuple[Turn, ...]:
         """The newest turns of `history` that fit the history token budget, oldest first,
         starting with a user turn, their text cleared of the tokenizer's control strings."""
@@ -171,10 +179,8 @@ class PromptPreparer:
         system_prompt = self._system_prompts[conversation.answer_style]
         history = self.fit_history(conversation.history)
         chunks, no_sentences = self._context_chunks(retrieval)
-        if "sentences" not in plan.method:
-            no_sentences = None  # LLMLingua alone needs no sentence embeddings
-        if plan.method != "none" and (reason := no_sentences or self._missing_compressor(plan)):
-            plan, degraded = replace(plan, method="none"), degraded or reason
+        if reason := self._unmet_need(plan, no_sentences):
+            plan, degraded = replace(plan, method=NO_COMPRESSION), degraded or reason
         count = self._tokenizer.count
         tokens_before = count_context_tokens(chunks, count)
         while True:
@@ -194,7 +200,7 @@ class PromptPreparer:
                 "context"
             )
         decision = None
-        if plan.policy == "auto" and plan.method != "none":
+        if plan.policy == "auto" and plan.method != NO_COMPRESSION:
             decision = self._decide(
                 plan,
                 tokens_before,
@@ -203,7 +209,7 @@ class PromptPreparer:
                 fixed_tokens - self.system_prompt_tokens[conversation.answer_style],
             )
             if not decision.compress:
-                plan = replace(plan, method="none")
+                plan = replace(plan, method=NO_COMPRESSION)
 
         compress_started = time.perf_counter()
         compressed = compress_chunks(
@@ -254,8 +260,13 @@ class PromptPreparer:
             return None
         return self._collection_stores(retrieval.collection, retrieval.index_version)
 
-    def _missing_compressor(self, plan: CompressionPlan) -> str | None:
-        if "llmlingua" in plan.method and self._chunk_compressor is None:
+    def _unmet_need(self, plan: CompressionPlan, no_sentences: str | None) -> str | None:
+        """Why this preparer cannot apply `plan`'s method, if it cannot (the `degraded`
+        reason): it needs sentence embeddings the store lacks, or a compressor not loaded."""
+        method = get_method(plan.method)
+        if method.needs_sentence_embeddings and no_sentences:
+            return no_sentences
+        if method.needs_chunk_compressor and self._chunk_compressor is None:
             return "llmlingua_not_loaded"
         return None
 
@@ -271,14 +282,13 @@ class PromptPreparer:
         are cut to the context budget, and the cached system prompt is not prefilled."""
         if self._cost_model is None:
             raise ValueError("compression policy 'auto' needs a cost model")
-        return self._cost_model.decide(
-            plan.method,
+        size = ContextSize(
             tokens_before=min(tokens_before, budget),
             tokens_after=min(plan.target_for(tokens_before), budget),
             chunks=chunks,
-            other_uncached_tokens=max(0, uncached_fixed_tokens),
-            prefilter_rate=self._sentence_prefilter_rate,
+            sentence_prefilter_rate=self._sentence_prefilter_rate,
         )
+        return decide(self._cost_model, plan.method, size, max(0, uncached_fixed_tokens))
 
     def _sanitized(self, chunk: ContextChunk) -> ContextChunk:
         return replace(

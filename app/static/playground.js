@@ -640,6 +640,27 @@
     }
   }
 
+  /** The compression methods the service accepts, from its OpenAPI document (the schema
+   * lists prepare.methods' registry); the menu keeps only "service default" without it. */
+  async function loadMethods() {
+    try {
+      const response = await fetch("openapi.json", { headers: { Accept: "application/json" } });
+      if (!response.ok) return;
+      const schema = await response.json();
+      const field = schema.components.schemas.CompressionOptions.properties.method;
+      const names = (field.anyOf || [field]).flatMap((option) => option.enum || []);
+      for (const name of names) {
+        if (typeof name !== "string") continue;
+        const option = document.createElement("option");
+        option.value = name;
+        option.textContent = name;
+        ui.method.append(option);
+      }
+    } catch (_) {
+      // no document (or another shape): requests use the service's default method
+    }
+  }
+
   function submit() {
     const question = ui.question.value.trim();
     if (!question) {
@@ -652,7 +673,8 @@
     ask(question);
   }
 
-  restore();
+  // Restored once the menu holds the methods, so a kept choice finds its option.
+  loadMethods().then(restore, restore);
   ui.apiKey.addEventListener("input", () => {
     try {
       sessionStorage.setItem(KEY_STORAGE, ui.apiKey.value);

@@ -18,6 +18,8 @@ from urllib.parse import urlsplit
 import pytest
 from playwright.sync_api import Browser, Page, Request, expect, sync_playwright
 
+from prepare.methods import method_names
+
 CHROMIUM = Path("/usr/bin/chromium")
 # Off everything a fresh profile would fetch from the internet on its own.
 CHROMIUM_ARGS = [
@@ -130,6 +132,9 @@ def test_the_page_loads_clean_and_stays_on_its_origin(tab):
     assert tab.errors == []
     assert tab.foreign_requests() == []
     assert any(url.endswith("/static/playground.js") for url in tab.requests)
+    # The compression menu is the service's registry, read from its OpenAPI document.
+    menu = tab.page.get_by_test_id("compression-method").locator("option")
+    assert menu.evaluate_all("options => options.map(o => o.value)") == ["", *method_names()]
 
 
 def test_a_question_streams_an_answer_with_sources_and_figures(tab, service):
@@ -137,6 +142,7 @@ def test_a_question_streams_an_answer_with_sources_and_figures(tab, service):
     page.add_init_script(WATCH_STREAMING)
     page.goto("/")
 
+    page.get_by_test_id("compression-method").select_option("sentences")
     with page.expect_request(is_query) as sent:
         ask(page, QUESTION, service.api_key)
     answer = page.get_by_test_id("answer")
@@ -148,6 +154,7 @@ def test_a_question_streams_an_answer_with_sources_and_figures(tab, service):
     body = sent.value.post_data_json
     assert body["question"] == QUESTION
     assert body["history"] == []
+    assert body["compression"]["method"] == "sentences"
     assert body["stream"] is True and body["include_context"] is True
     assert sent.value.headers["authorization"] == f"Bearer {service.api_key}"
     assert page.evaluate("window.__answerBeforeDone") is True, "the answer did not stream"

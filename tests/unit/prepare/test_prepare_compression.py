@@ -1,4 +1,5 @@
-"""prepare.compression: plans, sentence selection, and the LLMLingua hook per chunk."""
+"""prepare.compression and the methods of prepare.methods that combine it: plans, sentence
+selection, and the LLMLingua hook per chunk."""
 
 from __future__ import annotations
 
@@ -7,9 +8,10 @@ import math
 import numpy as np
 import pytest
 
-from pipeline.messages import COMPRESSION_METHODS, CompressionPlan
-from prepare.compression import compress_chunks, count_context_tokens, select_sentences
+from pipeline.messages import CompressionPlan
+from prepare.compression import count_context_tokens, select_sentences
 from prepare.context import ContextChunk
+from prepare.methods import compress_chunks, method_names
 
 QUESTION = np.array([1.0, 0.0, 0.0, 0.0], dtype=np.float32)
 
@@ -60,8 +62,8 @@ class RecordingCompressor:
         return " " + " ".join(kept[: max(1, len(kept) // 2)]) + " "
 
 
-def test_methods_are_the_four_documented_ones():
-    assert COMPRESSION_METHODS == ("none", "sentences", "llmlingua", "sentences+llmlingua")
+def test_the_registry_ships_the_four_documented_methods():
+    assert method_names() == ("none", "sentences", "llmlingua", "sentences+llmlingua")
 
 
 @pytest.mark.parametrize(
@@ -191,5 +193,5 @@ def test_sentences_plus_llmlingua_selects_sentences_before_compressing(chunks):
 
 
 def test_empty_context_is_returned_as_is_for_every_method():
-    for method in COMPRESSION_METHODS:
+    for method in method_names():
         assert compress_chunks(CompressionPlan(method), "q", QUESTION, [], words) == []

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from compression_fakes import LEAD, registered_lead_method
 
 from pipeline.messages import (
     CompressionPlan,
@@ -230,6 +231,22 @@ def test_sources_carry_the_compressed_text_the_model_sees(plain_store, plain_chu
     user = prepared.messages[1]["content"]
     assert all(s.text in user for s in prepared.sources)
     assert "one0" not in user
+
+
+def test_a_method_registered_by_a_test_is_applied_and_degrades_by_its_needs(plain_chunks):
+    # prepare.methods' registry is all the preparer reads: no product file names "lead".
+    preparer = PromptPreparer(WordTokenizer(), PROMPTS, max_model_len=2048)
+    store = corpus(*PLAIN_SPECS)[0]
+    with_store = PromptPreparer(WordTokenizer(), PROMPTS, max_model_len=2048, sentence_store=store)
+    plan = CompressionPlan(LEAD)
+
+    with registered_lead_method():
+        lead = with_store.prepare(Conversation("Which?"), retrieval(*plain_chunks), plan, 64)
+        no_store = preparer.prepare(Conversation("Which?"), retrieval(*plain_chunks), plan, 64)
+
+    assert lead.method == LEAD
+    assert [s.text for s in lead.sources] == [f"alpha{i} beta gamma delta." for i in range(4)]
+    assert (no_store.method, no_store.degraded) == ("none", "no_sentence_store")
 
 
 def test_context_is_cut_to_the_budget_and_the_whole_prompt_fits(plain_store, plain_chunks):
