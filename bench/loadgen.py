@@ -17,7 +17,7 @@ with `time.perf_counter` as events arrive:
 Requests are bounded: each by `request_timeout_s`, the run by `deadline_s`; requests not
 started by the deadline are recorded as not sent. Nothing is retried, a 503 included.
 
-Endpoints (see README and app/rag_format.py, app/openai_format.py for the stream formats):
+Endpoints (see docs/api.md and app/rag_format.py, app/openai_format.py for the stream formats):
 - "rag":  POST /v1/rag/query {question, max_tokens, stream, top_k?, compression?}; SSE
           `event: sources`, `event: delta` {"text"}, `event: done` {usage, timings_ms,
           tpot_ms}, `data: [DONE]`; a failure after the first token is `event: error`.
