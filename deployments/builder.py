@@ -15,13 +15,10 @@ from typing import Any
 from ray import serve
 from ray.serve.deployment import Application
 
-from app.config import (
-    PROJECT_ROOT,
-    GeneratorConfig,
-    ReplicaConfig,
-    parse_config,
-)
+from app.config import parse_config
 from app.settings import load_settings
+from generation.config import GeneratorConfig
+from pipeline.config_base import PROJECT_ROOT, ReplicaConfig
 from pipeline.log import get_logger
 from retrieval.models import resolve_model_reference
 

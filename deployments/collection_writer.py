@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from app.config import PROJECT_ROOT, RagAppConfig, resolve_path
+from app.config import RagAppConfig
 from corpus.collection_listing import (
     collection_documents,
     describe_collection,
@@ -30,6 +30,7 @@ from corpus.collection_store import (
 from corpus.ingestion import Ingestor, JobBook, JobInput, JobRecord
 from corpus.job_thread import job_executor
 from deployments.collection_metrics import IngestionMetrics
+from pipeline.config_base import PROJECT_ROOT, resolve_path
 from pipeline.log import get_logger
 from pipeline.messages import DEFAULT_COLLECTION, StageError
 from retrieval.chunking import ChunkingParams

@@ -12,10 +12,11 @@ from __future__ import annotations
 import asyncio
 import time
 
-from app.config import PROJECT_ROOT, RagAppConfig, resolve_path
+from app.config import RagAppConfig
 from corpus.catalog import SentenceStoreCatalog
 from corpus.collection_store import CollectionStore
 from deployments.version_refresh import VersionRefresher
+from pipeline.config_base import PROJECT_ROOT, resolve_path
 from pipeline.log import get_logger
 from pipeline.messages import (
     DEFAULT_COLLECTION,

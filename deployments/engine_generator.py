@@ -8,12 +8,13 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 
-from app.config import PROJECT_ROOT, GeneratorConfig
 from app.settings import load_settings
 from generation.batching import batch_events
+from generation.config import GeneratorConfig
 from generation.engine import TokenEngine
 from generation.openai_engine import OpenAIEndpoint, OpenAIEngine
 from generation.paced_engine import PacedEngine
+from pipeline.config_base import PROJECT_ROOT
 from pipeline.log import get_logger
 from pipeline.messages import GenerationEvent, GenerationRequest
 from prepare.tokens import ServingTokenizer

@@ -18,13 +18,14 @@ from ray.serve.handle import DeploymentHandle
 
 from app.admission import InFlightGate, KeyRateLimiter
 from app.api import ApiState, create_api
-from app.config import PROJECT_ROOT, RagAppConfig
+from app.config import RagAppConfig
 from app.readiness import ReadinessMonitor, ReplicaCounts
 from app.settings import load_settings
 from app.tuning import tuned
 from deployments.collection_handles import HandleCollections
 from deployments.handles import HandleStages
 from deployments.metrics import PipelineMetrics
+from pipeline.config_base import PROJECT_ROOT
 from pipeline.log import get_logger
 from pipeline.rag import RagPipeline
 from prepare.preparation import PromptPreparer

@@ -14,11 +14,12 @@ import time
 import numpy as np
 from ray import serve
 
-from app.config import PROJECT_ROOT, CollectionsConfig, RetrieverConfig, resolve_path
 from corpus.catalog import CollectionEmpty, RetrieverCatalog
 from corpus.collection_store import CollectionNotFound, CollectionStore, InvalidCollectionName
+from corpus.config import CollectionsConfig
 from deployments.collection_metrics import VersionLoadMetrics
 from deployments.version_refresh import VersionRefresher
+from pipeline.config_base import PROJECT_ROOT, resolve_path
 from pipeline.log import get_logger
 from pipeline.messages import (
     DEFAULT_COLLECTION,
@@ -27,6 +28,7 @@ from pipeline.messages import (
     SearchOptions,
     StageError,
 )
+from retrieval.config import RetrieverConfig
 from retrieval.models import resolve_model_reference
 from retrieval.retriever import Retriever
 

@@ -17,8 +17,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from app.config import PROJECT_ROOT, GeneratorConfig, parse_config
+from app.config import parse_config
+from generation.config import GeneratorConfig
 from harness.service import free_port, running_server
+from pipeline.config_base import PROJECT_ROOT
 from retrieval.models import resolve_model_reference
 
 # Flags vllm_serve_argv sets itself; an engine_kwargs key among them is refused, not overridden.

@@ -47,12 +47,13 @@ from typing import Any
 
 import yaml
 
-from app.config import PROJECT_ROOT, RagAppConfig, parse_config
+from app.config import RagAppConfig, parse_config
 from bench.floors import EngineSettings, Workload, compute_floors
 from bench.hardware import GPUS, MODELS, WEIGHT_BYTES_PER_PARAM, gpu_preset, model_preset
 from bench.loadgen import RequestRecord, RequestSpec, make_client, run_load
 from bench.stats import tpot_ms
 from harness.service import ServiceError, started_service
+from pipeline.config_base import PROJECT_ROOT
 from prepare.cost_model import CompressionCostModel
 from scripts.stage_costs import METHODS, QUESTIONS
 

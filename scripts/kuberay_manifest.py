@@ -25,7 +25,8 @@ from typing import Any
 
 import yaml
 
-from app.config import RagAppConfig, ReplicaConfig, parse_config
+from app.config import RagAppConfig, parse_config
+from pipeline.config_base import ReplicaConfig
 
 ROOT = Path(__file__).resolve().parent.parent
 SERVE_CONFIG = ROOT / "serve_config.gpu.yaml"

@@ -7,15 +7,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from app.config import (
-    PROJECT_ROOT,
-    ConfigError,
-    GeneratorConfig,
-    OpenAIEngineConfig,
-    RagAppConfig,
-    parse_config,
-    resolve_path,
-)
+from app.config import ConfigError, RagAppConfig, parse_config
+from generation.config import GeneratorConfig, OpenAIEngineConfig
+from pipeline.config_base import PROJECT_ROOT, resolve_path
 from prepare.prompt import DEFAULT_SYSTEM_PROMPT
 
 

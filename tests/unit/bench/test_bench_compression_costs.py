@@ -14,7 +14,7 @@ import shlex
 import pytest
 import yaml
 
-from app.config import PROJECT_ROOT, parse_config
+from app.config import parse_config
 from bench.compression_costs import (
     COMMAND,
     HostCosts,
@@ -24,6 +24,7 @@ from bench.compression_costs import (
     predict,
     verdict,
 )
+from pipeline.config_base import PROJECT_ROOT
 from prepare.cost_model import CompressionCostModel, CompressorCost, PrefillCost
 
 GPU_PROFILE = PROJECT_ROOT / "serve_config.gpu.yaml"

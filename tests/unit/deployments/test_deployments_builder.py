@@ -11,14 +11,7 @@ from typing import Any
 import pytest
 import yaml
 
-from app.config import (
-    PROJECT_ROOT,
-    ConfigError,
-    GeneratorConfig,
-    RagAppConfig,
-    ReplicaConfig,
-    parse_config,
-)
+from app.config import ConfigError, RagAppConfig, parse_config
 from app.settings import UnsafeSettingsError
 from deployments.builder import (
     PREFIX_CACHE_AFFINITY_ROUTER,
@@ -28,6 +21,8 @@ from deployments.builder import (
     generator_llm_config,
     vllm_only_settings,
 )
+from generation.config import GeneratorConfig
+from pipeline.config_base import PROJECT_ROOT, ReplicaConfig
 
 STAGES = {
     "retriever": lambda c: c.retriever.deployment,

@@ -8,8 +8,8 @@ import asyncio
 
 import pytest
 
-from app.config import GeneratorConfig
 from deployments.engine_generator import EngineGeneratorDeployment, build_engine
+from generation.config import GeneratorConfig
 from generation.paced_engine import PacedEngine
 from pipeline.messages import FinishEvent, GenerationRequest, TokenEvent
 

@@ -7,9 +7,9 @@ import pytest
 from compression_fakes import LEAD, LEAD_METHOD, registered_lead_method
 from pydantic import ValidationError
 
-from app.config import CompressionConfig
 from app.schemas import CompressionOptions, RagQueryRequest
 from pipeline.messages import CompressionDecision
+from prepare.config import CompressionConfig
 from prepare.cost_model import CompressionCostModel, CompressorCost, PrefillCost
 from prepare.methods import (
     ContextSize,

@@ -8,7 +8,7 @@ import math
 import pytest
 from pydantic import ValidationError
 
-from app.config import HybridRetrievalConfig, RetrieverConfig
+from retrieval.config import HybridRetrievalConfig, RetrieverConfig
 from retrieval.fusion import FusedRow, HybridParams, reciprocal_rank_fusion
 
 

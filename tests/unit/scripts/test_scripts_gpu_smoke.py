@@ -16,9 +16,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from app.config import PROJECT_ROOT, parse_config
+from app.config import parse_config
 from bench.loadgen import RequestRecord, request_body
 from harness.service import RunningService
+from pipeline.config_base import PROJECT_ROOT
 from prepare.cost_model import CompressionCostModel, CompressorCost, PrefillCost
 from scripts import gpu_smoke
 from scripts.gpu_smoke import (

@@ -21,7 +21,8 @@ import numpy as np
 import pytest
 import yaml
 
-from app.config import PROJECT_ROOT, parse_config
+from app.config import parse_config
+from pipeline.config_base import PROJECT_ROOT
 from pipeline.messages import (
     CompressionPlan,
     Conversation,

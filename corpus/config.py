@@ -1,0 +1,103 @@
+"""Users' collections (`collections:`): where versions live, chunking, upload limits, how
+ingestion jobs share the CPU with queries, and the one writer replica."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from pipeline.config_base import ReplicaConfig, StrictModel
+
+
+class WriterReplicaConfig(ReplicaConfig):
+    num_cpus: float = Field(0.1, ge=0, description="Logical CPUs the writer reserves.")
+    max_ongoing_requests: int = Field(
+        32, ge=1, description="Calls (job submissions, status reads) one writer takes at once."
+    )
+
+    @model_validator(mode="after")
+    def _one_writer(self) -> WriterReplicaConfig:
+        if self.num_replicas != 1 or self.autoscaling is not None:
+            raise ValueError("the collection writer runs exactly one replica: one writer at a time")
+        return self
+
+
+class CollectionsConfig(StrictModel):
+    """Users' own collections: created, filled and emptied over the API, each a series of
+    immutable index versions that every replica switches to on its next query."""
+
+    enabled: bool = Field(
+        True, description="Serve /v1/collections and /v1/jobs (and the writer behind them)."
+    )
+    root: str = Field(
+        "indexes/collections",
+        description="Folder of every collection's versions. With replicas on several "
+        "nodes, a filesystem they all mount (NFS, a shared PVC).",
+    )
+    chunk_tokens: int = Field(200, ge=8, description="Chunk size for new documents.")
+    overlap_tokens: int = Field(40, ge=0, description="Tokens shared by neighbouring chunks.")
+    keep_versions: int = Field(
+        3, ge=1, description="Published versions kept per collection (the current included)."
+    )
+    version_grace_s: float = Field(
+        300.0,
+        ge=0,
+        description="How long a superseded version stays on disk for queries still reading it.",
+    )
+    refresh_s: float = Field(
+        0.5,
+        gt=0,
+        description="How often each retriever and compressor replica looks for a new version "
+        "of the collections it serves and opens it off the query path (queries read CURRENT "
+        "themselves either way: this only spares them the wait).",
+    )
+    max_upload_bytes: int = Field(
+        33_554_432, ge=1024, description="Largest documents upload (JSON or multipart) body."
+    )
+    max_documents_per_request: int = Field(
+        1000, ge=1, description="Documents or files one add request may carry."
+    )
+    max_queued_jobs: int = Field(
+        64, ge=1, description="Jobs waiting for the writer; past it, 503 with Retry-After."
+    )
+    jobs_kept: int = Field(1000, ge=1, description="Finished jobs whose status stays readable.")
+    writer_lock_timeout_s: float = Field(
+        60.0, gt=0, description="Longest wait for another writer to finish before failing."
+    )
+    torch_threads: int = Field(1, ge=1, description="Intra-op threads for the writer's embedder.")
+    device: str = Field(
+        "cpu",
+        description="Torch device of the writer's embedder (the retriever's model): 'cpu' "
+        "unless the writer is given a GPU share in `deployment`.",
+    )
+    job_cpu_share: float = Field(
+        0.5,
+        gt=0,
+        le=1,
+        description="Fraction of one CPU a job may use while it embeds: it pauses after each "
+        "block of chunks, so continuous ingestion leaves the rest to queries (1: no pause).",
+    )
+    job_scheduling: Literal["idle", "nice"] = Field(
+        "idle",
+        description="How the thread that runs jobs yields the CPU to queries. 'idle' "
+        "(Linux SCHED_IDLE): it runs only on CPU time nothing else wants, so a job never "
+        "preempts the query path's threads; under a load that keeps every CPU busy, jobs "
+        "wait. 'nice': `job_niceness`, a smaller share but never starved (on 2 cores under "
+        "continuous ingestion, query p99 was 2.22x the quiet phases' with nice 10 and 0.94x "
+        "with SCHED_IDLE: docs/benchmarks.md).",
+    )
+    job_niceness: int = Field(
+        10,
+        ge=0,
+        le=19,
+        description="Unix nice value of the thread that runs jobs with job_scheduling "
+        "'nice' (or where SCHED_IDLE is unavailable); 0: same priority as queries.",
+    )
+    deployment: WriterReplicaConfig = WriterReplicaConfig()
+
+    @model_validator(mode="after")
+    def _overlap_below_chunk(self) -> CollectionsConfig:
+        if self.overlap_tokens >= self.chunk_tokens:
+            raise ValueError("overlap_tokens must be smaller than chunk_tokens")
+        return self

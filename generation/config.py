@@ -1,0 +1,173 @@
+"""The generator's settings (`generator:`): the engine (vLLM in Ray, an external
+OpenAI-compatible server, the paced null engine), the model, token limits, routing between
+replicas and the replicas themselves."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field, model_validator
+
+from pipeline.config_base import ReplicaConfig, StrictModel
+
+
+class GeneratorReplicaConfig(ReplicaConfig):
+    num_cpus: float = Field(
+        0, ge=0, description="CPUs of the replica actor itself; vLLM's bundles hold the rest."
+    )
+    max_ongoing_requests: int = Field(32, ge=1, description="Requests one replica works on.")
+
+
+class PacedEngineConfig(StrictModel):
+    """A null engine for measuring the chain itself (bench.overhead): no model, tokens at a
+    fixed pace."""
+
+    ttft_ms: float = Field(50.0, ge=0, description="Time to the first token.")
+    tpot_ms: float = Field(5.0, ge=0, description="Time between later tokens.")
+
+
+class OpenAIEngineConfig(StrictModel):
+    """An OpenAI-compatible server outside Ray as the generator (TGI, TensorRT-LLM's OpenAI
+    frontend, SGLang, a vLLM fleet). Its API key, if it needs one, comes from the
+    environment (RAG_GENERATOR_API_KEY, app.settings), never from this file."""
+
+    base_url: str = Field(
+        ...,
+        pattern=r"^https?://",
+        description="The server's base URL up to and including /v1, e.g. "
+        "http://vllm.internal:8000/v1.",
+    )
+    model: str | None = Field(
+        None, description="The model's name on that server; unset: generator.model_id."
+    )
+    tokenizer: str | None = Field(
+        None,
+        description="Local folder (or 'python-package:<module>') holding the served model's "
+        "tokenizer and chat template: token budgets and prompt-token counts use it. Unset: "
+        "generator.model_source.",
+    )
+    connect_timeout_s: float = Field(
+        5.0, gt=0, description="Longest wait to connect; past it the request gets a 503."
+    )
+    read_timeout_s: float = Field(
+        60.0,
+        gt=0,
+        description="Longest wait for the next streamed chunk, the first included (the "
+        "server's queue and prefill); past it the request gets a 504.",
+    )
+    max_connections: int = Field(
+        64, ge=1, description="Connections each generator replica keeps open to the server."
+    )
+
+
+class RequestRouterConfig(StrictModel):
+    kind: Literal["power_of_two", "prefix_cache_affinity"] = Field(
+        "power_of_two",
+        description="How the ingress picks a generator replica: Serve's default (the less "
+        "loaded of two random replicas), or Ray Serve LLM's PrefixCacheAffinityRouter "
+        "(the replica that already served the longest prefix, while loads are balanced).",
+    )
+    imbalanced_threshold: float | None = Field(
+        2.0,
+        ge=0,
+        description="prefix_cache_affinity: queue-length gap past which load wins over "
+        "prefix affinity. None (never) sends every request to one replica here, since all "
+        "prompts share the long system prompt.",
+    )
+    match_rate_threshold: float = Field(
+        0.1, ge=0, le=1, description="prefix_cache_affinity: least prefix match that counts."
+    )
+
+
+class GeneratorConfig(StrictModel):
+    engine: Literal["vllm", "openai", "paced"] = Field(
+        "vllm",
+        description="vllm (inside Ray, Ray Serve LLM); openai: an OpenAI-compatible server "
+        "outside Ray (see `openai`); paced: the null engine of bench.overhead.",
+    )
+    openai: OpenAIEngineConfig | None = Field(
+        None, description="The external server, for engine: openai."
+    )
+    paced: PacedEngineConfig = PacedEngineConfig()
+    stream_batching_interval_ms: float = Field(
+        50.0,
+        ge=0,
+        description="The generator sends its first token at once, then what accumulated at "
+        "most every this many ms (one Ray object per batch, not per token); 0 sends each "
+        "token on its own. Chosen with bench.overhead (docs/benchmarks.md).",
+    )
+    cpu_binding: list[str] | None = Field(
+        None,
+        description="engine vllm, CPU only: cores for each replica's vLLM threads, by replica rank "
+        "(VLLM_CPU_OMP_THREADS_BIND), e.g. ['1', '0'] so two replicas do not share a core. "
+        "Unset: vLLM's default binding.",
+    )
+    request_router: RequestRouterConfig = RequestRouterConfig()
+    model_id: str = Field("smollm2-135m-instruct", description="Name clients use as `model`.")
+    model_source: str = Field(
+        ".models/smollm2-135m-instruct", description="Local model folder or hub id for vLLM."
+    )
+    max_model_len: int = Field(
+        2048,
+        ge=256,
+        description="Context window vLLM allocates (engine: openai: the external server's "
+        "window, which the token budget must not exceed).",
+    )
+    engine_kwargs: dict[str, Any] = Field(
+        default_factory=dict,
+        description="engine vllm: passed to vLLM as engine arguments (enable_prefix_caching, "
+        "quantization, speculative_config, dtype, ...). max_model_len is set from the field above.",
+    )
+    accelerator_type: str | None = Field(
+        None,
+        description="engine vllm: Ray accelerator type for GPU replicas (e.g. 'L4', 'H100').",
+    )
+    placement_bundles: list[dict[str, float]] | None = Field(
+        None,
+        description="engine vllm: placement-group bundles for one replica. On CPU: [{CPU: 1}] "
+        "and no accelerator_type; on GPU leave unset to get one bundle per tensor-parallel GPU.",
+    )
+    env_vars: dict[str, str] = Field(
+        default_factory=dict,
+        description="engine vllm: environment of the vLLM replica (e.g. KV cache size).",
+    )
+    default_max_tokens: int = Field(128, ge=1, description="Answer length when none is asked.")
+    max_tokens_limit: int = Field(512, ge=1, description="Largest max_tokens a request may ask.")
+    default_temperature: float = Field(0.0, ge=0, le=2, description="Sampling temperature.")
+    deployment: GeneratorReplicaConfig = GeneratorReplicaConfig()
+
+    @model_validator(mode="after")
+    def _limits(self) -> GeneratorConfig:
+        if self.engine == "vllm" and self.deployment.max_replicas_per_node is not None:
+            raise ValueError(
+                "generator.deployment.max_replicas_per_node cannot be used with vLLM, whose "
+                "replicas hold placement groups (Ray Serve refuses both); spread generator "
+                "replicas by their bundles' resources instead"
+            )
+        if self.engine == "openai" and self.openai is None:
+            raise ValueError("generator.engine 'openai' needs generator.openai.base_url")
+        if self.engine != "vllm" and self.request_router.kind != "power_of_two":
+            raise ValueError(
+                "generator.request_router.kind prefix_cache_affinity needs engine 'vllm' "
+                "(Ray Serve LLM's router reads its replicas' prefix trees)"
+            )
+        if "max_model_len" in self.engine_kwargs:
+            raise ValueError("set generator.max_model_len, not engine_kwargs.max_model_len")
+        if self.max_tokens_limit >= self.max_model_len:
+            raise ValueError("max_tokens_limit must be smaller than max_model_len")
+        if self.default_max_tokens > self.max_tokens_limit:
+            raise ValueError("default_max_tokens must not exceed max_tokens_limit")
+        return self
+
+    def tokenizer_source(self) -> str:
+        """Where the served model's tokenizer is: the model folder, or for an external
+        server the folder named by `openai.tokenizer` when set."""
+        if self.engine == "openai" and self.openai is not None and self.openai.tokenizer:
+            return self.openai.tokenizer
+        return self.model_source
+
+    def served_model_name(self) -> str:
+        """The model's name on the engine (for an external server, `openai.model`)."""
+        if self.engine == "openai" and self.openai is not None and self.openai.model:
+            return self.openai.model
+        return self.model_id

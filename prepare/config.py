@@ -1,0 +1,188 @@
+"""The compressor stage's settings: compression (`compression:`, its methods, LLMLingua and
+the `auto` policy's cost model), the static system prompts (`prompt:`) and citations
+(`citations:`), with the compressor's replicas."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import AfterValidator, Field, model_validator
+
+from pipeline.config_base import PROJECT_ROOT, ReplicaConfig, StrictModel, resolve_path
+from pipeline.messages import AnswerStyle, CompressionPolicy
+from prepare.cost_model import CompressionCostModel, CompressorCost, PrefillCost
+from prepare.llmlingua_compressor import LLMLinguaOptions
+from prepare.methods import get_method, known_method, method_names
+from prepare.preparation import LLMLinguaLoad
+from prepare.prompt import DEFAULT_SYSTEM_PROMPT, SHORT_ANSWER_SYSTEM_PROMPT
+from retrieval.models import resolve_model_reference
+
+
+class CompressorReplicaConfig(ReplicaConfig):
+    num_cpus: float = Field(0.5, ge=0, description="Logical CPUs each compressor reserves.")
+    max_ongoing_requests: int = Field(8, ge=1, description="Requests one replica works on.")
+
+
+class LLMLinguaConfig(StrictModel):
+    enabled: bool = Field(
+        True, description="Load LLMLingua in the compressor (needed for the llmlingua methods)."
+    )
+    model: str = Field(
+        ".models/smollm2-135m-instruct",
+        description="Scorer model for LLMLingua (a causal LM) or LLMLingua-2 (a token "
+        "classifier, e.g. microsoft/llmlingua-2-xlm-roberta-large-meetingbank).",
+    )
+    use_llmlingua2: bool = Field(False, description="Use LLMLingua-2 token classification.")
+    rank_method: Literal["longllmlingua", "llmlingua"] = Field(
+        "longllmlingua", description="Question-aware LongLLMLingua or plain LLMLingua."
+    )
+    condition_compare: bool = Field(
+        False,
+        description="Score each segment twice (with and without the question) to rank tokens "
+        "by the question's effect: twice the scorer time. See docs/benchmarks.md.",
+    )
+    iterative_size: int | None = Field(
+        None,
+        ge=16,
+        description="Tokens LLMLingua scores per forward pass; unset sizes it to each chunk, "
+        "the only setting where LLMLingua 0.2.2 keeps the asked rate on chunk-sized contexts.",
+    )
+    device: str = Field("cpu", description="Device map for the scorer ('cpu', 'cuda').")
+    dtype: Literal["float32", "bfloat16"] = Field(
+        "float32", description="Scorer weights' dtype (bfloat16 pays only with AMX/AVX512-BF16)."
+    )
+    torch_threads: int = Field(1, ge=1, description="Intra-op threads for the scorer on CPU.")
+    tiktoken_cache_dir: str = Field(
+        ".cache/tiktoken", description="Offline tiktoken cache holding cl100k_base."
+    )
+
+    def to_load(self) -> LLMLinguaLoad | None:
+        """What PromptPreparer.load needs to load the scorer; None when disabled."""
+        if not self.enabled:
+            return None
+        return LLMLinguaLoad(
+            model_path=resolve_model_reference(self.model, PROJECT_ROOT),
+            options=LLMLinguaOptions(
+                use_llmlingua2=self.use_llmlingua2,
+                rank_method=self.rank_method,
+                condition_compare=self.condition_compare,
+                iterative_size=self.iterative_size,
+            ),
+            device=self.device,
+            dtype=self.dtype,
+            tiktoken_cache_dir=str(resolve_path(self.tiktoken_cache_dir)),
+        )
+
+
+class CompressorCostConfig(StrictModel):
+    ms_per_token: float = Field(..., ge=0, description="Milliseconds per context token.")
+    ms_per_chunk: float = Field(0.0, ge=0, description="Milliseconds per retrieved chunk.")
+
+
+class CostModelConfig(StrictModel):
+    """Coefficients of prepare.cost_model, fitted per generator and machine by
+    `python -m bench.context_sweep`; the defaults were fitted on the 2-core CPU default
+    (SmolLM2-135M fp32 generator, SmolLM2-135M LLMLingua scorer; docs/benchmarks.md)."""
+
+    prefill_ms_per_token: float = Field(
+        1.3992, ge=0, description="Generator prefill milliseconds per uncached prompt token."
+    )
+    prefill_ms_per_token_squared: float = Field(
+        0.0002266,
+        ge=0,
+        description="Quadratic term of prefill time (attention) per token squared.",
+    )
+    sentences: CompressorCostConfig = Field(
+        CompressorCostConfig(ms_per_token=0.0084),
+        description="Sentence selection's own time (the CPU profile's fit, docs/benchmarks.md).",
+    )
+    llmlingua: CompressorCostConfig = Field(
+        CompressorCostConfig(ms_per_token=3.7543, ms_per_chunk=116.96),
+        description="LLMLingua's own time.",
+    )
+
+    def to_model(self) -> CompressionCostModel:
+        return CompressionCostModel(
+            prefill=PrefillCost(self.prefill_ms_per_token, self.prefill_ms_per_token_squared),
+            sentences=CompressorCost(self.sentences.ms_per_token, self.sentences.ms_per_chunk),
+            llmlingua=CompressorCost(self.llmlingua.ms_per_token, self.llmlingua.ms_per_chunk),
+        )
+
+
+class CompressionConfig(StrictModel):
+    timeout_s: float | None = Field(
+        20.0,
+        gt=0,
+        description="Longest wait for the compressor stage; past it, or when the stage is "
+        "at capacity or down, the request goes on with the uncompressed context cut to the "
+        "token budget (`degraded` in the response). None waits for the request deadline.",
+    )
+    policy: CompressionPolicy = Field(
+        "always",
+        description="'always' applies the method; 'auto' applies it only when the cost model "
+        "predicts a larger prefill saving than the compression costs, per request.",
+    )
+    cost_model: CostModelConfig = CostModelConfig()
+    default_method: Annotated[str, AfterValidator(known_method)] = Field(
+        "sentences",
+        description="Method used when a request names none, one of prepare.methods' "
+        f"registry ({', '.join(method_names())}).",
+    )
+    rate: float = Field(0.5, gt=0, le=1, description="Fraction of context tokens to keep.")
+    target_tokens: int | None = Field(
+        None, ge=1, description="Absolute context-token target; overrides rate when set."
+    )
+    sentence_prefilter_rate: float = Field(
+        0.5, gt=0, le=1, description="What sentence selection keeps before LLMLingua runs."
+    )
+    llmlingua: LLMLinguaConfig = LLMLinguaConfig()
+    deployment: CompressorReplicaConfig = CompressorReplicaConfig()
+
+    @model_validator(mode="after")
+    def _llmlingua_loaded(self) -> CompressionConfig:
+        if get_method(self.default_method).needs_chunk_compressor and not self.llmlingua.enabled:
+            raise ValueError(f"default_method {self.default_method!r} needs llmlingua.enabled")
+        return self
+
+
+class PromptConfig(StrictModel):
+    system_prompt: str = Field(
+        DEFAULT_SYSTEM_PROMPT,
+        description="Static system prompt of the 'explained' answer style; keep it identical "
+        "across requests and longer than one KV block (128 tokens on CPU, 16 on GPU) so the "
+        "prefix cache can hold it.",
+    )
+    short_system_prompt: str = Field(
+        SHORT_ANSWER_SYSTEM_PROMPT,
+        description="Static system prompt of the 'short' answer style (the answer span "
+        "only); as long as one KV block too, so it is cached like the other.",
+    )
+    answer_style: AnswerStyle = Field(
+        "explained",
+        description="Answer style when a request names none: 'short' (the answer span only) "
+        "or 'explained' (a few sentences).",
+    )
+    margin_tokens: int = Field(16, ge=0, description="Slack kept free in the context window.")
+
+    def system_prompts(self) -> dict[AnswerStyle, str]:
+        return {"explained": self.system_prompt, "short": self.short_system_prompt}
+
+
+class CitationConfig(StrictModel):
+    enabled: bool = Field(
+        True,
+        description="Attribute each answer sentence to the source sentence that supports "
+        "it (in the compressor, after generation); requests can turn it off.",
+    )
+    min_score: float = Field(
+        0.45,
+        ge=0,
+        le=1,
+        description="Least support score ((1-w) cosine + w lexical overlap) of a citation.",
+    )
+    lexical_weight: float = Field(
+        0.5, ge=0, le=1, description="w: the weight of lexical overlap in the score."
+    )
+    timeout_s: float = Field(
+        2.0, gt=0, description="Past this the answer goes out without citations."
+    )
