@@ -319,11 +319,14 @@ def _plan(config: RagAppConfig, options: RagOptions) -> CompressionPlan:
     defaults = config.compression
     method = (requested.method if requested else None) or defaults.default_method
     policy = (requested.policy if requested else None) or defaults.policy
+    reuse = defaults.reuse.enabled
+    if requested and requested.reuse is not None:
+        reuse = requested.reuse
     if requested and (requested.rate is not None or requested.target_tokens is not None):
         return CompressionPlan(
-            method, requested.rate or defaults.rate, requested.target_tokens, policy
+            method, requested.rate or defaults.rate, requested.target_tokens, policy, reuse
         )
-    return CompressionPlan(method, defaults.rate, defaults.target_tokens, policy)
+    return CompressionPlan(method, defaults.rate, defaults.target_tokens, policy, reuse)
 
 
 def _admit(state: ApiState) -> None:

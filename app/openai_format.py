@@ -170,6 +170,7 @@ def _rag_extras(result: RagResult, ignored_system: int) -> dict:
         "degraded": shown.degraded,
         "context_tokens_before": shown.usage.context_tokens_before,
         "context_tokens_after": shown.usage.context_tokens_after,
+        "reused_passages": shown.usage.reused_passages,
         "context_truncated": shown.context_truncated,
         "timings_ms": shown.timings_ms.model_dump(),
         "tpot_ms": shown.tpot_ms,

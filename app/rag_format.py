@@ -97,6 +97,8 @@ def response_model(result: RagResult) -> RagQueryResponse:
             context_tokens_before=prepared.context_tokens_before,
             context_tokens_after=prepared.context_tokens_after,
             completion_tokens=result.usage.completion_tokens,
+            reused_passages=prepared.reused_passages,
+            reused_passage_tokens=prepared.reused_passage_tokens,
         ),
         timings_ms=Timings(
             retrieve=_round(result.retrieve.own_ms),

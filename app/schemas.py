@@ -40,6 +40,12 @@ class CompressionOptions(_Strict):
         description="'always', or 'auto': compress only when the predicted prefill saving "
         "exceeds the compression's own predicted cost.",
     )
+    reuse: bool | None = Field(
+        None,
+        description="Lay the context out for the prefix cache: passages the generator "
+        "likely still holds from earlier requests go first and whole, only the rest is "
+        "compressed. Unset: compression.reuse.enabled.",
+    )
 
     @model_validator(mode="after")
     def _one_target(self) -> CompressionOptions:
@@ -128,6 +134,12 @@ class RagUsage(BaseModel):
     context_tokens_before: int
     context_tokens_after: int
     completion_tokens: int
+    reused_passages: int = Field(
+        0,
+        description="With compression.reuse: passages laid out first and whole because the "
+        "generator likely still held them (a prediction; cached_prompt_tokens is the fact).",
+    )
+    reused_passage_tokens: int = Field(0, description="Those passages' tokens.")
 
 
 class ContextPassage(BaseModel):

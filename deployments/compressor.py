@@ -32,6 +32,7 @@ from pipeline.messages import (
 )
 from prepare.attribution import AttributionOptions, Attributor
 from prepare.preparation import PromptPreparer, PromptTooLongError
+from prepare.reuse import PassageCacheView
 from retrieval.embedding import Embedder
 from retrieval.models import resolve_model_reference
 
@@ -69,6 +70,7 @@ class CompressorDeployment:
             cost_model=compression.cost_model.to_model(),
             history_max_tokens=config.conversation.history_max_tokens,
             collection_stores=collections.store_for if collections is not None else None,
+            passage_cache=PassageCacheView(compression.reuse.capacity_tokens),
         )
         self._attributor: Attributor | None = None
         if config.citations.enabled:

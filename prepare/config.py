@@ -109,6 +109,26 @@ class CostModelConfig(StrictModel):
         )
 
 
+class PassageReuseConfig(StrictModel):
+    """Reuse of retrieved passages' prefill (prepare.reuse): each compressor replica keeps a
+    view of the passage sequences it sent and lays out the next context so that passages
+    the generator likely holds form a shared prefix."""
+
+    enabled: bool = Field(
+        False,
+        description="Default for requests that do not say (compression.reuse in the "
+        "request): passages likely cached go first and whole, only the rest is compressed.",
+    )
+    capacity_tokens: int = Field(
+        16384,
+        ge=128,
+        description="Passage tokens the view assumes the generator's KV cache keeps before "
+        "it evicts the least recently used: about the engine's KV cache size in tokens "
+        "(VLLM_CPU_KVCACHE_SPACE / bytes per token) less what running requests need. Too "
+        "high or too low only costs speed.",
+    )
+
+
 class CompressionConfig(StrictModel):
     timeout_s: float | None = Field(
         20.0,
@@ -136,6 +156,9 @@ class CompressionConfig(StrictModel):
         0.5, gt=0, le=1, description="What sentence selection keeps before LLMLingua runs."
     )
     llmlingua: LLMLinguaConfig = LLMLinguaConfig()
+    reuse: PassageReuseConfig = Field(
+        PassageReuseConfig(), description="Reuse of retrieved passages' prefill."
+    )
     deployment: CompressorReplicaConfig = CompressorReplicaConfig()
 
     @model_validator(mode="after")

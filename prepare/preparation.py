@@ -8,6 +8,7 @@ budget), and tests and benchmarks construct it directly.
 from __future__ import annotations
 
 import itertools
+import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -30,7 +31,8 @@ from prepare.context import ContextChunk
 from prepare.cost_model import CompressionCostModel
 from prepare.llmlingua_compressor import LLMLinguaCompressor, LLMLinguaOptions, ScorerDType
 from prepare.methods import NO_COMPRESSION, ContextSize, compress_chunks, decide, get_method
-from prepare.prompt import build_messages, neutralize
+from prepare.prompt import build_messages, neutralize, render_context
+from prepare.reuse import PassageCacheView, passage_key
 from prepare.sentence_store import SentenceStore
 from prepare.tokens import ServingTokenizer
 
@@ -72,8 +74,12 @@ class PromptPreparer:
         sentence_store: SentenceStore | None = None,
         history_max_tokens: int = 512,
         collection_stores: CollectionStores | None = None,
+        passage_cache: PassageCacheView | None = None,
     ) -> None:
         self._tokenizer = tokenizer
+        self._passage_cache = passage_cache
+        # prepare() runs on several threads at once (asyncio.to_thread); the view is shared.
+        self._passage_cache_lock = threading.Lock()
         self._system_prompts = dict(system_prompts)
         self._max_model_len = max_model_len
         self._margin_tokens = margin_tokens
@@ -104,6 +110,7 @@ class PromptPreparer:
         cost_model: CompressionCostModel | None = None,
         history_max_tokens: int = 512,
         collection_stores: CollectionStores | None = None,
+        passage_cache: PassageCacheView | None = None,
     ) -> PromptPreparer:
         """Load what preparation needs: the serving tokenizer, the index's sentence store
         (for sentence selection) and LLMLingua's scorer, each only when given;
@@ -128,6 +135,7 @@ class PromptPreparer:
             SentenceStore.load(index_path) if index_path is not None else None,
             history_max_tokens,
             collection_stores,
+            passage_cache,
         )
 
     @property
@@ -199,20 +207,33 @@ class PromptPreparer:
                 f"max_tokens={max_output_tokens} exceed the model's {self._max_model_len}-token "
                 "context"
             )
+        # Passages the generator likely holds (and ones worth seeding it with) go first and
+        # whole; compression sees only the rest. With history ahead of the sources, no
+        # passage can be a shared prefix, so conversations are laid out as before.
+        whole: list[ContextChunk] = []
+        reuse_root, predicted_cached = None, 0
+        if plan.reuse and self._passage_cache is not None and not history:
+            reuse_root = passage_key(system_prompt)
+            whole, chunks, predicted_cached = self._reuse_layout(reuse_root, chunks)
+        whole_tokens = count_context_tokens(whole, count)
+
         decision = None
         if plan.policy == "auto" and plan.method != NO_COMPRESSION:
             decision = self._decide(
                 plan,
-                tokens_before,
+                tokens_before - whole_tokens,
                 len(chunks),
-                budget,
+                budget - whole_tokens,
                 fixed_tokens - self.system_prompt_tokens[conversation.answer_style],
             )
             if not decision.compress:
                 plan = replace(plan, method=NO_COMPRESSION)
+        if reuse_root is not None and plan.method == NO_COMPRESSION:
+            # Sent whole, the rest can be reused too: in one order every replica agrees on.
+            chunks = sorted(chunks, key=lambda chunk: passage_key(render_context([chunk])))
 
         compress_started = time.perf_counter()
-        compressed = compress_chunks(
+        compressed = whole + compress_chunks(
             plan,
             question,
             retrieval.question_embedding,
@@ -223,6 +244,11 @@ class PromptPreparer:
         )
         compress_ms = (time.perf_counter() - compress_started) * 1000
         kept, truncated = fit_to_budget(compressed, count, budget)
+        reused = 0
+        if reuse_root is not None:
+            self._record_sent(reuse_root, kept)
+            pairs = zip(kept, whole[:predicted_cached], strict=False)
+            reused = sum(1 for _ in itertools.takewhile(lambda pair: pair[0] == pair[1], pairs))
         return PreparedPrompt(
             messages=build_messages(system_prompt, kept, question, history),
             sources=tuple(chunk.as_source() for chunk in kept),
@@ -235,7 +261,35 @@ class PromptPreparer:
             decision=decision,
             degraded=degraded,
             history_turns=len(history),
+            reused_passages=reused,
+            reused_passage_tokens=count_context_tokens(kept[:reused], count),
         )
+
+    def _reuse_layout(
+        self, root: str, chunks: Sequence[ContextChunk]
+    ) -> tuple[list[ContextChunk], list[ContextChunk], int]:
+        """(passages to send first and whole, the rest in score order, how many of the
+        first are predicted cached): the cached path, then passages retrieved before, most
+        often first (prepare.reuse)."""
+        assert self._passage_cache is not None
+        keys = [passage_key(render_context([chunk])) for chunk in chunks]
+        by_key = dict(zip(keys, chunks, strict=True))
+        with self._passage_cache_lock:
+            cached = self._passage_cache.cached_prefix(root, keys)
+            earlier = self._passage_cache.retrieved_before(keys)
+        # By key alone, so every replica orders the same hot set the same way.
+        hot = sorted(set(earlier) - set(cached))
+        first = [*cached, *hot]
+        rest = [chunk for key, chunk in by_key.items() if key not in set(first)]
+        return [by_key[key] for key in first], rest, len(cached)
+
+    def _record_sent(self, root: str, kept: Sequence[ContextChunk]) -> None:
+        """Note the passages the prompt opens with, as sent."""
+        assert self._passage_cache is not None
+        rendered = [render_context([chunk]) for chunk in kept]
+        sent = [(passage_key(text), self._tokenizer.count(text)) for text in rendered]
+        with self._passage_cache_lock:
+            self._passage_cache.record(root, sent)
 
     def _context_chunks(self, retrieval: Retrieval) -> tuple[list[ContextChunk], str | None]:
         """The retrieved chunks, sanitised, with sentence embeddings where the store has them;

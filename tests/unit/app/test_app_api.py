@@ -136,6 +136,8 @@ def test_query_returns_answer_sources_usage_and_timings(client, stages):
         "context_tokens_before": 40,
         "context_tokens_after": 22,
         "completion_tokens": 3,
+        "reused_passages": 0,
+        "reused_passage_tokens": 0,
     }
     assert (body["compression_method"], body["context_truncated"]) == ("sentences", False)
     assert body["finish_reason"] == "stop"

@@ -29,6 +29,7 @@ from prepare.cost_model import CompressionCostModel, CompressorCost, PrefillCost
 from prepare.llmlingua_compressor import LLMLinguaOptions
 from prepare.preparation import LLMLinguaLoad, PromptPreparer, PromptTooLongError
 from prepare.prompt import DEFAULT_SYSTEM_PROMPT, SHORT_ANSWER_SYSTEM_PROMPT, build_messages
+from prepare.reuse import PassageCacheView
 from prepare.sentence_store import SentenceStore
 from retrieval.chunking import Chunk
 from retrieval.index import FaissIndex, IndexedChunk, IndexParams, Manifest
@@ -247,6 +248,85 @@ def test_a_method_registered_by_a_test_is_applied_and_degrades_by_its_needs(plai
     assert lead.method == LEAD
     assert [s.text for s in lead.sources] == [f"alpha{i} beta gamma delta." for i in range(4)]
     assert (no_store.method, no_store.degraded) == ("none", "no_sentence_store")
+
+
+def reuse_preparer(store: SentenceStore) -> PromptPreparer:
+    return PromptPreparer(
+        WordTokenizer(),
+        PROMPTS,
+        max_model_len=2048,
+        sentence_store=store,
+        passage_cache=PassageCacheView(10_000),
+    )
+
+
+def test_reuse_compresses_new_passages_then_seeds_then_reuses_them(plain_store, plain_chunks):
+    preparer = reuse_preparer(plain_store)
+    plan = CompressionPlan("sentences", rate=0.5, reuse=True)
+    whole = {
+        f"doc{i}#0": f"alpha{i} beta gamma delta. one{i} two three four five." for i in range(4)
+    }
+
+    def ask(order):
+        chunks = tuple(plain_chunks[i] for i in order)
+        return preparer.prepare(Conversation("Which?"), retrieval(*chunks), plan, 64)
+
+    first = ask([0, 1, 2, 3])
+    second = ask([2, 0, 3, 1])
+    third = ask([3, 2, 1, 0])
+
+    # New passages are compressed; passages seen before go whole, in one canonical order
+    # (so the next request lines up with it); then that order is followed as cached.
+    assert [s.text for s in first.sources] != [whole[s.chunk_id] for s in first.sources]
+    assert first.reused_passages == 0
+    assert [s.text for s in second.sources] == [whole[s.chunk_id] for s in second.sources]
+    assert second.reused_passages == 0
+    assert [s.chunk_id for s in third.sources] == [s.chunk_id for s in second.sources]
+    assert [s.text for s in third.sources] == [whole[s.chunk_id] for s in third.sources]
+    assert third.reused_passages == 4
+    assert third.reused_passage_tokens == 36
+    # The prompts are byte-identical up to the question: the prefix the engine can reuse.
+    assert (
+        third.messages[1]["content"].split("Question:")[0]
+        == (second.messages[1]["content"].split("Question:")[0])
+    )
+
+
+def test_cached_passages_go_first_and_only_new_ones_are_compressed(plain_store, plain_chunks):
+    preparer = reuse_preparer(plain_store)
+    plan = CompressionPlan("sentences", rate=0.5, reuse=True)
+    preparer.prepare(Conversation("Q"), retrieval(*plain_chunks[:2]), plan, 64)
+    seeded = preparer.prepare(Conversation("Q"), retrieval(*plain_chunks[:2]), plan, 64)
+
+    mixed = preparer.prepare(
+        Conversation("Q"), retrieval(plain_chunks[2], plain_chunks[1], plain_chunks[0]), plan, 64
+    )
+
+    # doc0 and doc1 went whole the second time, so they are cached, in that order.
+    seeded_order = [s.chunk_id for s in seeded.sources]
+    assert sorted(seeded_order) == ["doc0#0", "doc1#0"]
+    assert [s.chunk_id for s in mixed.sources][:2] == seeded_order
+    assert mixed.reused_passages == 2
+    assert [s.text for s in mixed.sources][2] == "alpha2 beta gamma delta."  # compressed
+
+
+def test_without_reuse_or_with_history_the_layout_is_score_order(plain_store, plain_chunks):
+    preparer = reuse_preparer(plain_store)
+    reorder = (plain_chunks[2], plain_chunks[0], plain_chunks[1])
+    for _ in range(2):
+        preparer.prepare(
+            Conversation("Q"), retrieval(*plain_chunks[:3]), CompressionPlan("none", reuse=True), 64
+        )
+
+    off = preparer.prepare(Conversation("Q"), retrieval(*reorder), CompressionPlan("none"), 64)
+    history = (Turn("user", "Earlier?"), Turn("assistant", "Yes."))
+    talk = preparer.prepare(
+        Conversation("Q", history), retrieval(*reorder), CompressionPlan("none", reuse=True), 64
+    )
+
+    for prepared in (off, talk):
+        assert [s.chunk_id for s in prepared.sources] == ["doc2#0", "doc0#0", "doc1#0"]
+        assert prepared.reused_passages == 0
 
 
 def test_context_is_cut_to_the_budget_and_the_whole_prompt_fits(plain_store, plain_chunks):

@@ -1,0 +1,120 @@
+"""Reuse of retrieved passages' prefill on the real service (prepare.reuse): a later question
+about the same passages finds them laid out as before, and vLLM serves their blocks from its
+prefix cache.
+
+A collection of its own holds three passages, so every question (top_k 3) retrieves the same
+three in a different score order. The shared service runs two compressor replicas, each with
+its own view: the layout must line up whichever replica prepares the prompt.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+pytestmark = pytest.mark.integration
+
+COLLECTION = "passage-reuse"
+JOB_TIMEOUT_S = 180
+# One KV block on vLLM's CPU backend: only full blocks are cached.
+KV_BLOCK_TOKENS = 128
+DOCUMENTS = [
+    {
+        "id": "glass",
+        "title": "Glassmaking",
+        "text": "Glass is made by melting silica sand with soda ash and lime in a furnace at "
+        "about 1,500 degrees Celsius. The soda ash lowers the melting point of the sand, and "
+        "the lime makes the finished glass stable in water. Float glass for windows is "
+        "poured onto a bath of molten tin, where it spreads into a flat sheet of even "
+        "thickness before it is cooled slowly in a long oven called a lehr.",
+    },
+    {
+        "id": "bees",
+        "title": "Honey bees",
+        "text": "Honey bees tell their nest mates where flowers are with the waggle dance. "
+        "The angle of the waggle run against the vertical comb gives the direction of the "
+        "food relative to the sun, and the length of the run gives its distance. A colony "
+        "of honey bees can hold fifty thousand workers in summer, and the queen lays up to "
+        "two thousand eggs a day in the cells of the brood comb.",
+    },
+    {
+        "id": "violin",
+        "title": "The violin",
+        "text": "The violin has four strings tuned in perfect fifths: G, D, A and E. Its "
+        "body is carved from spruce for the top and maple for the back, and the sound post "
+        "inside carries the vibration of the bridge to the back plate. Bows are strung with "
+        "horsehair, which grips the string through a coat of rosin and makes it vibrate.",
+    },
+]
+
+
+@pytest.fixture(scope="module")
+def client(shared_service) -> Iterator[httpx.Client]:
+    with shared_service.client() as http:
+        created = http.post("/v1/collections", json={"name": COLLECTION})
+        assert created.status_code == 201, created.text
+        added = http.post(f"/v1/collections/{COLLECTION}/documents", json={"documents": DOCUMENTS})
+        assert added.status_code == 202, added.text
+        job = added.json()
+        deadline = time.monotonic() + JOB_TIMEOUT_S
+        while job["status"] not in ("succeeded", "failed") and time.monotonic() < deadline:
+            time.sleep(0.1)
+            job = http.get(f"/v1/jobs/{job['id']}").json()
+        assert job["status"] == "succeeded", job
+        yield http
+        http.delete(f"/v1/collections/{COLLECTION}")
+
+
+def ask(client: httpx.Client, question: str, **options) -> dict:
+    response = client.post(
+        "/v1/rag/query",
+        json={
+            "question": question,
+            "collection": COLLECTION,
+            "top_k": 3,
+            "max_tokens": 1,
+            "citations": False,
+            **options,
+        },
+    )
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+def uncached(answer: dict) -> int:
+    return answer["usage"]["prompt_tokens"] - answer["usage"]["cached_prompt_tokens"]
+
+
+def passage_tokens(answer: dict) -> int:
+    return answer["usage"]["context_tokens_after"]
+
+
+def test_a_second_question_on_the_same_passages_reuses_their_cached_blocks(client):
+    reuse = {"method": "none", "reuse": True}
+    first = ask(client, "At what temperature is glass melted?", compression=reuse)
+    second = ask(client, "How many strings does a violin have?", compression=reuse)
+
+    ids = [[source["id"] for source in answer["sources"]] for answer in (first, second)]
+    # Each question ranks its own passage first, yet both prompts hold one order.
+    assert sorted(ids[0]) == ["bees#0", "glass#0", "violin#0"]
+    assert ids[0] == ids[1]
+    # Everything up to the question was prefilled before: at most the question, the chat
+    # template's tail and the last partial block are new, fewer tokens than the passages.
+    new_at_most = KV_BLOCK_TOKENS + 64
+    assert passage_tokens(second) > new_at_most
+    assert uncached(second) < new_at_most, second["usage"]
+
+
+def test_in_score_order_the_same_passages_are_prefilled_again(client):
+    # The control, in the short style so no prompt above shares its system prompt: each
+    # question puts its own passage first, so only the system prompt's blocks are shared.
+    plain = {"method": "none", "reuse": False}
+    first = ask(client, "Where is float glass poured?", answer_style="short", compression=plain)
+    second = ask(client, "What are bows strung with?", answer_style="short", compression=plain)
+
+    assert first["sources"][0]["id"] == "glass#0"
+    assert second["sources"][0]["id"] == "violin#0"
+    assert uncached(second) > passage_tokens(second)
