@@ -17,7 +17,7 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export RAY_USAGE_STATS_ENABLED := 0
 
-.PHONY: setup install models models-qwen models-qwen15 index browser prometheus monitor dashboard kuberay-manifest gpu-costs gpu-smoke run test lint unit integration reliability chaos bench bench-prefix bench-speculative bench-quick eval eval-quick eval-chat stop clean
+.PHONY: setup install models models-qwen models-qwen15 index browser prometheus monitor dashboard kuberay-manifest gpu-costs gpu-smoke run test lint unit integration reliability chaos bench bench-reuse bench-prefix bench-speculative bench-quick eval eval-quick eval-chat stop clean
 
 setup: install models index
 
@@ -170,6 +170,13 @@ bench: setup models-qwen models-qwen15
 
 # The prefix cache's TTFT on 40 random SQuAD questions (about 20 minutes here): four fresh
 # services, cache off, on, on, off, so drift falls on both sides alike.
+# Reuse of retrieved passages' prefill on a skewed (Zipf) SQuAD workload and a uniform
+# control: naive, today's defaults and compression.reuse, five fresh services (about 30
+# minutes here). docs/benchmarks.md, "Reusing retrieved passages".
+bench-reuse: setup
+	$(BIN)/python -m bench.quality prepare
+	$(BIN)/python -m bench.reuse --out bench-results/reuse
+
 bench-prefix: setup
 	$(BIN)/python -m bench.quality prepare
 	$(BIN)/python -m bench.suite --plan prefix-off --out bench-results/prefix/off-1

@@ -67,6 +67,8 @@ class RequestSpec:
     compression_rate: float | None = None
     # "always" measures the method itself; "auto" lets the service's cost model decide.
     compression_policy: str | None = None
+    # Lay passages out for the prefix cache (compression.reuse); None: the service's default.
+    compression_reuse: bool | None = None
     # Ask the service to return the (compressed) passages the model saw; the chat
     # endpoint's record then keeps them with the sources (RequestRecord.passages).
     include_context: bool = False
@@ -131,6 +133,7 @@ def request_body(spec: RequestSpec) -> dict[str, Any]:
             ("method", spec.compression_method),
             ("rate", spec.compression_rate),
             ("policy", spec.compression_policy),
+            ("reuse", spec.compression_reuse),
         )
         if value is not None
     }

@@ -1,0 +1,319 @@
+"""Reuse of retrieved passages' prefill, on a workload that looks like traffic.
+
+    python -m bench.reuse --out docs/results/reuse            # needs `bench.quality prepare`
+
+Many questions land on a few popular passages. The workload: SQuAD dev paragraphs with
+Zipf(s) popularity over P paragraphs drawn at random (seed 0); each request is a distinct
+question of its paragraph (a paragraph whose questions are used up is not drawn again); a
+paragraph's first request is cold, its later ones warm. A uniform control asks each of
+other paragraphs once, where reuse cannot help. The phases use disjoint paragraph sets, so
+one phase does not warm the next.
+
+Settings, each on a fresh service over the SQuAD index (harness.variant):
+- naive: prefix caching off, no compression;
+- today: the service's defaults (sentence selection, the `auto` policy);
+- reuse: the same, with `compression.reuse` on (prepare.reuse).
+`today` and `reuse` run twice, in the order today, reuse, reuse, today, so drift over the
+run falls on both; naive once, last. Every request's record is stored; the report pairs
+requests across settings (same questions in the same order) and gives the median
+per-request TTFT ratio with a 95% bootstrap interval.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import math
+import random
+import sys
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from bench.bootstrap import Interval, paired_ci
+from bench.loadgen import RequestRecord, RequestSpec, make_client, run_load
+from bench.quality import DEFAULT_INDEX_DIR
+from bench.squad import DEFAULT_CACHE_DIR, SQUAD_DEV_FILENAME, SquadSet, load_squad
+from bench.stats import percentile
+from bench.suite import warm_up
+from harness.service import ROOT, free_port, running_service
+from harness.variant import write_variant
+
+logger = logging.getLogger(__name__)
+
+MAX_TOKENS = 16
+
+
+@dataclass(frozen=True)
+class WorkItem:
+    question_id: str
+    question: str
+    paragraph_id: str
+    # An earlier request of the same phase asked about this paragraph.
+    warm: bool
+
+
+@dataclass(frozen=True)
+class Phase:
+    name: str
+    concurrency: int
+    items: tuple[WorkItem, ...]
+
+
+@dataclass(frozen=True)
+class Setting:
+    name: str
+    overrides: dict[str, object]
+    method: str | None
+    reuse: bool | None
+
+
+SETTINGS = {
+    "naive": Setting(
+        "naive", {"generator.engine_kwargs.enable_prefix_caching": False}, "none", False
+    ),
+    "today": Setting("today", {}, None, False),
+    "reuse": Setting("reuse", {}, None, True),
+}
+ORDER = ("today", "reuse", "reuse", "today", "naive")
+
+
+def skewed_items(
+    squad: SquadSet, paragraph_ids: Sequence[str], requests: int, exponent: float, seed: int
+) -> list[WorkItem]:
+    """`requests` questions over `paragraph_ids`, the i-th paragraph drawn with weight
+    1 / (i + 1)**exponent, each question asked once."""
+    rng = random.Random(seed)
+    questions = defaultdict(list)
+    for question in squad.questions:
+        questions[question.paragraph_id].append(question)
+    left = {pid: rng.sample(questions[pid], len(questions[pid])) for pid in paragraph_ids}
+    if requests > sum(len(queue) for queue in left.values()):
+        raise ValueError(f"{requests} requests need more questions than the paragraphs hold")
+    weights = [1 / (rank + 1) ** exponent for rank in range(len(paragraph_ids))]
+    items: list[WorkItem] = []
+    seen: set[str] = set()
+    while len(items) < requests:
+        pid = rng.choices(paragraph_ids, weights)[0]
+        if not left[pid]:
+            continue  # its questions are used up: a request must be a question not yet asked
+        question = left[pid].pop()
+        items.append(WorkItem(question.question_id, question.question, pid, pid in seen))
+        seen.add(pid)
+    return items
+
+
+def uniform_items(squad: SquadSet, paragraph_ids: Sequence[str], seed: int) -> list[WorkItem]:
+    """One question of each paragraph: every request cold."""
+    rng = random.Random(seed)
+    first: dict[str, Any] = {}
+    for question in squad.questions:
+        first.setdefault(question.paragraph_id, []).append(question)
+    return [
+        WorkItem(q.question_id, q.question, pid, False)
+        for pid in paragraph_ids
+        for q in [rng.choice(first[pid])]
+    ]
+
+
+def phases(
+    squad: SquadSet, requests: int, paragraphs: int, exponent: float, uniform: int, seed: int
+) -> list[Phase]:
+    """Skewed at concurrency 1 and 4 and the uniform control, on disjoint paragraph sets."""
+    rng = random.Random(seed)
+    with_questions = sorted({q.paragraph_id for q in squad.questions})
+    drawn = rng.sample(with_questions, 2 * paragraphs + uniform)
+    first, second, control = (
+        drawn[:paragraphs],
+        drawn[paragraphs : 2 * paragraphs],
+        drawn[2 * paragraphs :],
+    )
+    return [
+        Phase("skewed-c1", 1, tuple(skewed_items(squad, first, requests, exponent, seed))),
+        Phase("skewed-c4", 4, tuple(skewed_items(squad, second, requests, exponent, seed))),
+        Phase("uniform-c1", 1, tuple(uniform_items(squad, control, seed))),
+    ]
+
+
+def specs(phase: Phase, setting: Setting) -> list[RequestSpec]:
+    return [
+        RequestSpec(
+            "rag",
+            item.question,
+            MAX_TOKENS,
+            compression_method=setting.method,
+            compression_reuse=setting.reuse,
+        )
+        for item in phase.items
+    ]
+
+
+def run_setting(
+    setting: Setting, plan: Sequence[Phase], base: Path, out_dir: Path, run: int
+) -> dict[str, list[dict[str, Any]]]:
+    """Start a fresh service for `setting`, send every phase in turn, stop it."""
+    port = free_port()
+    overrides = {"retriever.index_path": str(DEFAULT_INDEX_DIR), **setting.overrides}
+    name = f"{run}-{setting.name}"
+    config = write_variant(base, overrides, out_dir / f"{name}.serve.yaml", port)
+    records: dict[str, list[dict[str, Any]]] = {}
+    with running_service(config, port, out_dir / f"{name}.serve.log") as url:
+        warm_up(url)
+        for phase in plan:
+            logger.info("%s: %s, %d requests", name, phase.name, len(phase.items))
+            records[phase.name] = [asdict(r) for r in asyncio.run(_send(url, phase, setting))]
+    return records
+
+
+async def _send(url: str, phase: Phase, setting: Setting) -> list[RequestRecord]:
+    async with make_client(url) as client:
+        return await run_load(
+            client, specs(phase, setting), rate_per_s=None, concurrency=phase.concurrency, seed=0
+        )
+
+
+def _ttfts(runs: Sequence[dict[str, list[dict[str, Any]]]], phase: str) -> list[float | None]:
+    """Per request, the mean TTFT over the runs that answered it (None if none did)."""
+    per_request: list[float | None] = []
+    for i in range(len(runs[0][phase])):
+        values = [run[phase][i]["ttft_ms"] for run in runs if run[phase][i]["ok"]]
+        per_request.append(sum(values) / len(values) if values else None)
+    return per_request
+
+
+def ratio_interval(a: Sequence[float | None], b: Sequence[float | None]) -> Interval | None:
+    """Median per-request ratio a/b with its paired 95% interval (through log ratios)."""
+    pairs = [(x, y) for x, y in zip(a, b, strict=True) if x and y]
+    if len(pairs) < 2:
+        return None
+    log = paired_ci([math.log(x) for x, _ in pairs], [math.log(y) for _, y in pairs])
+    return Interval(math.exp(log.estimate), math.exp(log.low), math.exp(log.high), log.n)
+
+
+def report(results: dict[str, Any]) -> str:
+    """The Markdown report of a saved run (results.json)."""
+    plan = {p["name"]: p for p in results["phases"]}
+    runs: dict[str, list[dict[str, list[dict[str, Any]]]]] = defaultdict(list)
+    for run in results["runs"]:
+        runs[run["setting"]].append(run["records"])
+    lines = [
+        f"# Passage reuse: {results['machine']}",
+        "",
+        f"Command: `{results['command']}`. Records: results.json (every request).",
+        "",
+        "| phase | requests | setting | n ok | TTFT p50 ms | TTFT p99 ms | cached share |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for phase, info in plan.items():
+        for segment in ("cold", "warm") if phase.startswith("skewed") else ("all",):
+            keep = [
+                i
+                for i, item in enumerate(info["items"])
+                if segment == "all" or item["warm"] == (segment == "warm")
+            ]
+            for setting, setting_runs in runs.items():
+                records = [run[phase][i] for run in setting_runs for i in keep]
+                ok = [r for r in records if r["ok"] and r["ttft_ms"] is not None]
+                ttft = [r["ttft_ms"] for r in ok]
+                prompt = sum(r["usage_prompt_tokens"] or 0 for r in ok)
+                cached = sum(r["usage_cached_prompt_tokens"] or 0 for r in ok)
+                share = f"{cached / prompt:.2f}" if prompt else "-"
+                p50 = f"{percentile(ttft, 50):.0f}" if ttft else "-"
+                p99 = f"{percentile(ttft, 99):.0f}" if ttft else "-"
+                lines.append(
+                    f"| {phase} | {segment} ({len(keep)}) | {setting} | {len(ok)} | {p50} | "
+                    f"{p99} | {share} |"
+                )
+    lines += [
+        "",
+        "Median per-request TTFT ratio, paired by request (each side the mean of its runs), "
+        "95% bootstrap interval; an interval holding 1 is no detectable difference:",
+        "",
+        "| phase | requests | comparison | ratio [95% CI] | n |",
+        "|---|---|---|---|---|",
+    ]
+    for phase, info in plan.items():
+        segments = ("cold", "warm") if phase.startswith("skewed") else ("all",)
+        per_request = {name: _ttfts(setting_runs, phase) for name, setting_runs in runs.items()}
+        for segment in segments:
+            keep = [
+                i
+                for i, item in enumerate(info["items"])
+                if segment == "all" or item["warm"] == (segment == "warm")
+            ]
+            for a, b in (("reuse", "today"), ("reuse", "naive"), ("today", "naive")):
+                if a not in per_request or b not in per_request:
+                    continue
+                interval = ratio_interval(
+                    [per_request[a][i] for i in keep], [per_request[b][i] for i in keep]
+                )
+                text = "-" if interval is None else interval.text(2, "x")
+                n = 0 if interval is None else interval.n
+                lines.append(f"| {phase} | {segment} | {a} / {b} | {text} | {n} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", type=Path, default=Path("bench-results/reuse"))
+    parser.add_argument("--config", type=Path, default=ROOT / "serve_config.yaml")
+    parser.add_argument("--squad", type=Path, default=DEFAULT_CACHE_DIR / SQUAD_DEV_FILENAME)
+    parser.add_argument("--requests", type=int, default=80, help="Requests a skewed phase.")
+    parser.add_argument("--paragraphs", type=int, default=200)
+    parser.add_argument("--zipf", type=float, default=1.0, help="Zipf exponent s.")
+    parser.add_argument("--uniform", type=int, default=40, help="Requests of the control.")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--settings", nargs="+", default=list(ORDER), choices=SETTINGS)
+    parser.add_argument("--report-only", action="store_true", help="Re-render results.json.")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    args.out.mkdir(parents=True, exist_ok=True)
+    saved = args.out / "results.json"
+    if args.report_only:
+        (args.out / "README.md").write_text(report(json.loads(saved.read_text())))
+        return 0
+    plan = phases(
+        load_squad(args.squad), args.requests, args.paragraphs, args.zipf, args.uniform, args.seed
+    )
+    results: dict[str, Any] = {
+        "command": "python -m bench.reuse " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "machine": _machine(),
+        "phases": [
+            {"name": p.name, "concurrency": p.concurrency, "items": [asdict(i) for i in p.items]}
+            for p in plan
+        ],
+        "runs": [],
+    }
+    for run, name in enumerate(args.settings):
+        records = run_setting(SETTINGS[name], plan, args.config, args.out, run)
+        results["runs"].append({"setting": name, "records": records})
+        saved.write_text(json.dumps(results, indent=1))  # kept as it grows
+    (args.out / "README.md").write_text(report(results))
+    return 0
+
+
+def _machine() -> str:
+    model = "unknown CPU"
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            model = line.split(":", 1)[1].strip()
+            break
+    flags = Path("/proc/cpuinfo").read_text()
+    extras = [f for f in ("avx512f", "avx512_bf16", "amx_tile") if f" {f}" in flags]
+    return f"{model}, {len(_cpus())} cores, {'/'.join(extras) or 'no AVX-512'}"
+
+
+def _cpus() -> list[str]:
+    return [
+        line
+        for line in Path("/proc/cpuinfo").read_text().splitlines()
+        if line.startswith("processor")
+    ]
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

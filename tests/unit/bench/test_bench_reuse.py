@@ -1,0 +1,129 @@
+"""bench.reuse: the skewed and uniform workloads, the pairing and the report, without a service."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+
+from bench.reuse import (
+    SETTINGS,
+    phases,
+    ratio_interval,
+    report,
+    skewed_items,
+    specs,
+    uniform_items,
+)
+from bench.squad import SquadParagraph, SquadQuestion, SquadSet
+
+
+def squad(paragraphs: int = 30, questions_each: int = 6) -> SquadSet:
+    return SquadSet(
+        1,
+        tuple(SquadParagraph(f"p{i}", "T", f"text {i}") for i in range(paragraphs)),
+        tuple(
+            SquadQuestion(f"p{i}-q{j}", f"question {j} of {i}?", ("a",), f"p{i}")
+            for i in range(paragraphs)
+            for j in range(questions_each)
+        ),
+    )
+
+
+def test_skewed_requests_are_distinct_questions_and_the_first_of_a_paragraph_is_cold():
+    items = skewed_items(squad(), [f"p{i}" for i in range(10)], 40, 1.0, seed=0)
+
+    assert len(items) == 40
+    assert len({item.question_id for item in items}) == 40
+    seen: set[str] = set()
+    for item in items:
+        assert item.warm == (item.paragraph_id in seen)
+        assert item.question_id.startswith(f"{item.paragraph_id}-")
+        seen.add(item.paragraph_id)
+
+
+def test_skewed_popularity_falls_with_rank():
+    ids = [f"p{i}" for i in range(30)]
+    counts = Counter(item.paragraph_id for item in skewed_items(squad(30, 40), ids, 400, 1.0, 0))
+
+    assert counts["p0"] > counts["p9"] > 0
+    assert counts["p0"] > 3 * counts.get("p29", 0)
+
+
+def test_skewed_is_the_same_for_the_same_seed_and_refuses_too_many_requests():
+    ids = ["p0", "p1"]
+
+    assert skewed_items(squad(), ids, 8, 1.0, 3) == skewed_items(squad(), ids, 8, 1.0, 3)
+    with pytest.raises(ValueError, match="more questions"):
+        skewed_items(squad(), ids, 13, 1.0, 0)
+
+
+def test_uniform_asks_each_paragraph_once_all_cold():
+    items = uniform_items(squad(), ["p3", "p5"], seed=0)
+
+    assert [item.paragraph_id for item in items] == ["p3", "p5"]
+    assert not any(item.warm for item in items)
+
+
+def test_phases_use_disjoint_paragraphs():
+    plan = phases(squad(40), requests=12, paragraphs=10, exponent=1.0, uniform=5, seed=0)
+
+    used = [{item.paragraph_id for item in phase.items} for phase in plan]
+    assert [phase.concurrency for phase in plan] == [1, 4, 1]
+    assert not used[0] & used[1] and not used[0] & used[2] and not used[1] & used[2]
+
+
+def test_each_setting_asks_what_it_stands_for():
+    plan = phases(squad(40), requests=4, paragraphs=10, exponent=1.0, uniform=2, seed=0)
+
+    naive, today, reuse = (specs(plan[0], SETTINGS[name])[0] for name in SETTINGS)
+    assert (naive.compression_method, naive.compression_reuse) == ("none", False)
+    assert (today.compression_method, today.compression_reuse) == (None, False)
+    assert (reuse.compression_method, reuse.compression_reuse) == (None, True)
+    assert SETTINGS["naive"].overrides == {"generator.engine_kwargs.enable_prefix_caching": False}
+
+
+def test_the_ratio_is_the_median_per_request_ratio_and_skips_missing_pairs():
+    interval = ratio_interval([50.0, 100.0, 30.0, None], [100.0, 200.0, 60.0, 80.0])
+
+    assert interval is not None
+    assert interval.estimate == pytest.approx(0.5)
+    assert interval.n == 3
+    assert ratio_interval([None], [1.0]) is None
+
+
+def record(ttft: float, cached: int = 128, ok: bool = True) -> dict:
+    return {
+        "ok": ok,
+        "ttft_ms": ttft,
+        "usage_prompt_tokens": 512,
+        "usage_cached_prompt_tokens": cached,
+    }
+
+
+def test_the_report_splits_cold_and_warm_and_pairs_the_settings():
+    items = [
+        {"question_id": "q0", "question": "?", "paragraph_id": "p0", "warm": False},
+        {"question_id": "q1", "question": "?", "paragraph_id": "p0", "warm": True},
+        {"question_id": "q2", "question": "?", "paragraph_id": "p0", "warm": True},
+    ]
+    results = {
+        "command": "python -m bench.reuse",
+        "machine": "test CPU",
+        "phases": [{"name": "skewed-c1", "concurrency": 1, "items": items}],
+        "runs": [
+            {"setting": "today", "records": {"skewed-c1": [record(100), record(100), record(90)]}},
+            {
+                "setting": "reuse",
+                "records": {"skewed-c1": [record(100), record(50, 384), record(45)]},
+            },
+        ],
+    }
+
+    text = report(results)
+
+    assert "| skewed-c1 | warm (2) | reuse | 2 |" in text
+    assert "| skewed-c1 | warm | reuse / today | 0.50x" in text
+    # One cold pair is too few for an interval.
+    assert "| skewed-c1 | cold | reuse / today | - | 0 |" in text
+    assert "naive" not in text.split("Median per-request")[1]
