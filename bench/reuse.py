@@ -262,7 +262,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=Path("bench-results/reuse"))
     parser.add_argument("--config", type=Path, default=ROOT / "serve_config.yaml")
     parser.add_argument("--squad", type=Path, default=DEFAULT_CACHE_DIR / SQUAD_DEV_FILENAME)
-    parser.add_argument("--requests", type=int, default=80, help="Requests a skewed phase.")
+    parser.add_argument("--requests", type=int, default=100, help="Requests a skewed phase.")
     parser.add_argument("--paragraphs", type=int, default=200)
     parser.add_argument("--zipf", type=float, default=1.0, help="Zipf exponent s.")
     parser.add_argument("--uniform", type=int, default=40, help="Requests of the control.")
