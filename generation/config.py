@@ -4,7 +4,9 @@ replicas and the replicas themselves."""
 
 from __future__ import annotations
 
+import ipaddress
 from typing import Any, Literal
+from urllib.parse import urlsplit
 
 from pydantic import Field, model_validator
 
@@ -35,7 +37,14 @@ class OpenAIEngineConfig(StrictModel):
         ...,
         pattern=r"^https?://",
         description="The server's base URL up to and including /v1, e.g. "
-        "http://vllm.internal:8000/v1.",
+        "https://vllm.internal:8000/v1. http:// is accepted for a loopback host only "
+        "(127.0.0.0/8, ::1, localhost) unless allow_plaintext is set: prompts, answers and "
+        "RAG_GENERATOR_API_KEY would cross the network in clear text.",
+    )
+    allow_plaintext: bool = Field(
+        False,
+        description="Accept an http:// base_url on a host other than loopback (a private "
+        "network you trust, or TLS terminated by a sidecar on the same pod).",
     )
     model: str | None = Field(
         None, description="The model's name on that server; unset: generator.model_id."
@@ -58,6 +67,17 @@ class OpenAIEngineConfig(StrictModel):
     max_connections: int = Field(
         64, ge=1, description="Connections each generator replica keeps open to the server."
     )
+
+    @model_validator(mode="after")
+    def _no_clear_text_off_the_machine(self) -> OpenAIEngineConfig:
+        url = urlsplit(self.base_url)
+        if url.scheme == "http" and not self.allow_plaintext and not _is_loopback(url.hostname):
+            raise ValueError(
+                f"base_url {self.base_url!r} is http:// to a host other than loopback: use "
+                "https://, or set generator.openai.allow_plaintext to send prompts and the "
+                "key in clear text"
+            )
+        return self
 
 
 class RequestRouterConfig(StrictModel):
@@ -171,3 +191,15 @@ class GeneratorConfig(StrictModel):
         if self.engine == "openai" and self.openai is not None and self.openai.model:
             return self.openai.model
         return self.model_id
+
+
+def _is_loopback(host: str | None) -> bool:
+    """Whether `host` names this machine: localhost, 127.0.0.0/8 or ::1."""
+    if host is None:
+        return False
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False

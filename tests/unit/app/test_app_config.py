@@ -167,14 +167,15 @@ def test_setting_one_deployment_field_keeps_the_stage_defaults():
 
 # --- generator.engine: openai ---------------------------------------------------------------
 
-OPENAI = {"base_url": "http://llm.internal:8000/v1"}
+OPENAI = {"base_url": "https://llm.internal:8000/v1"}
 
 
 def test_an_external_server_is_parsed_with_its_defaults():
     config = parse_config({"generator": {"engine": "openai", "openai": OPENAI}})
 
     assert config.generator.openai == OpenAIEngineConfig(
-        base_url="http://llm.internal:8000/v1",
+        base_url="https://llm.internal:8000/v1",
+        allow_plaintext=False,
         model=None,
         tokenizer=None,
         connect_timeout_s=5.0,
@@ -207,12 +208,44 @@ def test_a_base_url_must_be_http_or_https(base_url):
     assert "'generator.openai.base_url'" in str(excinfo.value)
 
 
-@pytest.mark.parametrize("base_url", ["http://llm.internal:8000/v1", "https://api.example/v1/"])
-def test_http_and_https_base_urls_are_accepted(base_url):
+@pytest.mark.parametrize(
+    "base_url",
+    [
+        "https://llm.internal:8000/v1",
+        "https://api.example/v1/",
+        "http://127.0.0.1:8001/v1",
+        "http://127.3.2.1/v1",
+        "http://localhost:8001/v1",
+        "http://[::1]:8001/v1",
+    ],
+)
+def test_https_anywhere_and_http_on_loopback_are_accepted(base_url):
     config = parse_config({"generator": {"engine": "openai", "openai": {"base_url": base_url}}})
 
     assert config.generator.openai is not None
     assert config.generator.openai.base_url == base_url
+
+
+@pytest.mark.parametrize(
+    "base_url",
+    [
+        "http://llm.internal:8000/v1",
+        "http://10.0.0.7/v1",
+        "http://[2001:db8::1]/v1",
+        "http://0.0.0.0/v1",
+    ],
+)
+def test_clear_text_off_the_machine_is_refused_unless_allowed(base_url):
+    openai = {"base_url": base_url}
+    with pytest.raises(ConfigError) as excinfo:
+        parse_config({"generator": {"engine": "openai", "openai": openai}})
+
+    assert "is http:// to a host other than loopback" in str(excinfo.value)
+    assert "generator.openai.allow_plaintext" in str(excinfo.value)
+    allowed = parse_config(
+        {"generator": {"engine": "openai", "openai": {**openai, "allow_plaintext": True}}}
+    )
+    assert allowed.generator.openai is not None and allowed.generator.openai.allow_plaintext
 
 
 @pytest.mark.parametrize("key", ["api_key", "timeout_s"])
