@@ -44,7 +44,8 @@ from app.errors import (
     stage_unavailable,
     timed_out,
 )
-from app.guard import RequestGuard, request_id_of
+from app.guard import RequestGuard, grant_of, request_id_of
+from app.keys import check_read
 from app.playground import install_playground
 from app.readiness import ReadinessMonitor
 from app.schemas import (
@@ -57,7 +58,7 @@ from app.schemas import (
 )
 from app.settings import Settings
 from pipeline.log import get_logger
-from pipeline.messages import CompressionPlan, SearchOptions, Turn
+from pipeline.messages import DEFAULT_COLLECTION, CompressionPlan, SearchOptions, Turn
 from pipeline.rag import (
     DoneEvent,
     FailedEvent,
@@ -247,8 +248,9 @@ def _query(
     history_param: str = "history",
     positions: tuple[int, ...] | None = None,
 ) -> RagQuery:
-    """Validate what the schema cannot know (limits from config)."""
+    """Validate what the schema cannot know (limits from config, the key's scopes)."""
     config = state.config
+    check_read(grant_of(request), options.collection or DEFAULT_COLLECTION)
     _check_history(config, history, history_param, positions)
     question = question.strip()
     if not question:

@@ -25,6 +25,8 @@ from app.collection_schemas import (
     Job,
 )
 from app.errors import ERROR_RESPONSES, ApiError, bad_request, not_ready
+from app.guard import grant_of
+from app.keys import check_read, check_write
 from pipeline.messages import StageError
 
 # (file name, content, content type) of one uploaded file.
@@ -86,11 +88,15 @@ def install_collection_routes(api: FastAPI, dependencies: list[Depends]) -> None
 
 
 async def _create_collection(body: CreateCollectionRequest, request: Request) -> Any:
+    check_write(grant_of(request), body.name)
     return _answer(request, await _backend(request).create_collection(body.name))
 
 
 async def _list_collections(request: Request) -> Any:
-    return _answer(request, await _backend(request).list_collections())
+    listing = _answer(request, await _backend(request).list_collections())
+    grant = grant_of(request)
+    readable = [c for c in listing["data"] if grant.can_read(c["name"])]
+    return {**listing, "data": readable}
 
 
 async def _delete_collection(name: str, request: Request) -> Any:
@@ -125,7 +131,9 @@ async def _delete_document(name: str, doc_id: str, request: Request) -> Any:
 
 
 async def _job(job_id: str, request: Request) -> Any:
-    return _answer(request, await _backend(request).job(job_id))
+    job = _answer(request, await _backend(request).job(job_id))
+    check_read(grant_of(request), job["collection"])
+    return job
 
 
 def _backend(request: Request) -> CollectionsBackend:

@@ -140,6 +140,10 @@ def _declared(description: str) -> dict:
 ERROR_RESPONSES: dict[int | str, dict] = {
     400: _declared("Invalid request."),
     401: _declared("Missing or wrong API key."),
+    403: _declared(
+        "The API key's scopes do not cover the collection, or a change to the read-only "
+        "default collection."
+    ),
     404: _declared("Unknown model."),
     413: _declared("The request body is over the size limit."),
     429: _declared("The API key's rate limit is exceeded (with Retry-After)."),

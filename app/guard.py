@@ -1,5 +1,6 @@
 """The checks every /v1 request passes before routing, as one pure ASGI middleware:
-the request id, the API key (401) and the per-key rate limit (429).
+the request id, the API key (401), the key's scope where the URL names the collection
+(403), and the per-key rate limit (429).
 
 Auth runs before the body is parsed: an unauthenticated caller learns nothing about the
 request format. Keys are compared in constant time.
@@ -15,6 +16,7 @@ from fastapi import Request
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from app.errors import ApiError, error_response, not_ready, rate_limited
+from app.keys import ADMIN, Grant, path_refusal
 
 
 class RequestGuard:
@@ -47,6 +49,11 @@ def request_id_of(request: Request) -> str:
     return request_id
 
 
+def grant_of(request: Request) -> Grant:
+    """What the request's key may do (set by the guard; every collection without keys)."""
+    return getattr(request.state, "grant", ADMIN)
+
+
 def _refusal(state: Any, scope: Scope) -> ApiError | None:
     if state is None:
         return not_ready("the service is starting", retry_after_s=5)
@@ -54,9 +61,11 @@ def _refusal(state: Any, scope: Scope) -> ApiError | None:
     if state.settings.auth_required:
         scheme, _, token = (_header(scope, b"authorization") or "").partition(" ")
         token = token.strip()
-        if scheme.lower() != "bearer" or not any(
-            hmac.compare_digest(token.encode(), k.encode()) for k in state.settings.api_keys
-        ):
+        # Every key is compared, so the time taken does not say which one came close.
+        matches = [
+            k for k in state.settings.api_keys if hmac.compare_digest(token.encode(), k.encode())
+        ]
+        if scheme.lower() != "bearer" or not matches:
             return ApiError(
                 401,
                 "missing or invalid API key: send Authorization: Bearer <key>",
@@ -65,6 +74,9 @@ def _refusal(state: Any, scope: Scope) -> ApiError | None:
                 headers={"WWW-Authenticate": "Bearer"},
             )
         key = token
+        grant = scope["state"]["grant"] = state.settings.grant(matches[0])
+        if refusal := path_refusal(grant, scope["method"], scope["path"]):
+            return refusal
     if state.rate_limiter is not None:
         client = scope.get("client") or ("unknown", 0)
         wait_s = state.rate_limiter.acquire(key or f"address:{client[0]}")

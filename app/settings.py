@@ -2,7 +2,11 @@
 
 RAG_ENV       development (default) or production. Production refuses to start without keys.
 RAG_API_KEYS  comma-separated API keys; when set, every /v1 request needs
-              `Authorization: Bearer <key>`. Health probes stay open.
+              `Authorization: Bearer <key>`. Health probes stay open. These keys are
+              admin keys: every collection.
+RAG_API_KEYS_FILE
+              a YAML list of `{key, scopes}`: keys limited to the collections their scopes
+              name (app.keys); used beside RAG_API_KEYS or alone.
 RAG_GENERATOR_API_KEY
               the key the generator sends to an external OpenAI-compatible server
               (generator.engine: openai), when that server asks for one.
@@ -12,8 +16,11 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Literal
+
+from app.keys import ADMIN, Grant, KeyFileError, load_key_file
 
 
 class UnsafeSettingsError(RuntimeError):
@@ -25,10 +32,15 @@ class Settings:
     environment: Literal["development", "production"]
     api_keys: tuple[str, ...]
     generator_api_key: str | None = None
+    # What each key may do; a key missing here (RAG_API_KEYS) is an admin key.
+    grants: Mapping[str, Grant] = field(default_factory=dict)
 
     @property
     def auth_required(self) -> bool:
         return bool(self.api_keys)
+
+    def grant(self, key: str) -> Grant:
+        return self.grants.get(key, ADMIN)
 
 
 def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
@@ -38,6 +50,17 @@ def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
     if environment not in ("development", "production"):
         raise UnsafeSettingsError(f"RAG_ENV must be development or production, not {environment!r}")
     keys = tuple(key.strip() for key in environ.get("RAG_API_KEYS", "").split(",") if key.strip())
+    grants: dict[str, Grant] = {}
+    if key_file := environ.get("RAG_API_KEYS_FILE", "").strip():
+        try:
+            grants = load_key_file(Path(key_file))
+        except KeyFileError as exc:
+            raise UnsafeSettingsError(f"RAG_API_KEYS_FILE: {exc}") from None
+        if overlap := set(grants) & set(keys):
+            raise UnsafeSettingsError(
+                f"{len(overlap)} key(s) both in RAG_API_KEYS (admin) and RAG_API_KEYS_FILE"
+            )
+        keys = (*keys, *grants)
     if environment == "production" and not keys:
         raise UnsafeSettingsError("RAG_ENV=production requires RAG_API_KEYS")
     if any(len(key) < 16 for key in keys) and environment == "production":
@@ -47,4 +70,5 @@ def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
         environment=environment,  # type: ignore[arg-type]
         api_keys=keys,
         generator_api_key=generator_key,
+        grants=grants,
     )

@@ -363,9 +363,10 @@ def run_micro(repeats: int = 2000) -> dict[str, float]:
     """Microseconds per call, p50 over `repeats` calls, of the admission path's parts."""
     from app.admission import BodySizeLimit, InFlightGate, KeyRateLimiter
     from app.guard import RequestGuard
+    from app.settings import Settings
 
     class State:
-        settings = type("S", (), {"auth_required": True, "api_keys": ("k" * 32,)})()
+        settings = Settings(environment="production", api_keys=("k" * 32,))
         rate_limiter = KeyRateLimiter(1e9, 10**9)
 
         @staticmethod
@@ -381,7 +382,13 @@ def run_micro(repeats: int = 2000) -> dict[str, float]:
     headers = [(b"authorization", b"Bearer " + b"k" * 32), (b"content-length", b"100")]
 
     def scope():
-        return {"type": "http", "path": "/v1/rag/query", "headers": headers, "app": scope_app}
+        return {
+            "type": "http",
+            "method": "POST",
+            "path": "/v1/rag/query",
+            "headers": headers,
+            "app": scope_app,
+        }
 
     async def receive():
         return {"type": "http.request", "body": b"", "more_body": False}

@@ -44,6 +44,10 @@ ROOT = Path(__file__).resolve().parents[1]
 API_KEY = "shared-test-key-0123456789abcdef"
 # A second key, for traffic that must not share the first one's rate-limit bucket.
 SECOND_KEY = "shared-test-key-second-0123456789"
+# A scoped key (RAG_API_KEYS_FILE): reads and writes TEAM_COLLECTION only (and reads the
+# shipped default collection, as every key does).
+TEAM_KEY = "shared-test-key-team-0123456789ab"
+TEAM_COLLECTION = "team-notes"
 # Ray's workers export their metrics every 10 s by default; the tests wait for less. Not
 # below 6 s: a gauge not set again within two intervals is dropped from the export, and
 # Serve sets its replica gauges once per health check (every 10 s by default).
@@ -119,8 +123,17 @@ def two_replicas_each(application: dict[str, Any]) -> None:
     args["compression"]["deployment"].update(num_replicas=2, num_cpus=0.2)
 
 
-def service_env() -> dict[str, str]:
-    return {"RAG_API_KEYS": f"{API_KEY},{SECOND_KEY}", **TEST_ENV}
+def service_env(folder: Path) -> dict[str, str]:
+    """The keys (two admin keys, and TEAM_KEY from a key file written to `folder`)."""
+    key_file = folder / "keys.yaml"
+    key_file.write_text(
+        f"- key: {TEAM_KEY}\n  scopes: [read:{TEAM_COLLECTION}, write:{TEAM_COLLECTION}]\n"
+    )
+    return {
+        "RAG_API_KEYS": f"{API_KEY},{SECOND_KEY}",
+        "RAG_API_KEYS_FILE": str(key_file),
+        **TEST_ENV,
+    }
 
 
 class SharedLaunch:
@@ -139,7 +152,7 @@ class SharedLaunch:
         self.folder = Path(tempfile.mkdtemp(prefix="rag-shared-"))
         self.config_path, port, _ = write_config(self.folder, two_replicas_each)
         self.launch = ServiceLaunch(
-            self.config_path, port, self.folder / "serve.log", service_env()
+            self.config_path, port, self.folder / "serve.log", service_env(self.folder)
         )
 
     def ready(self) -> Service:
@@ -201,7 +214,7 @@ class ExternalEngineLaunch:
         self.server = start_server(self.command.argv, self.folder / "vllm.log", self.command.env)
         self.stack.callback(stop_process, self.server, 60.0)
         self.launch = ServiceLaunch(
-            self.config_path, port, self.folder / "serve.log", service_env()
+            self.config_path, port, self.folder / "serve.log", service_env(self.folder)
         )
         self.stack.callback(self.launch.stop)
 
