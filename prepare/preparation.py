@@ -269,17 +269,20 @@ class PromptPreparer:
         self, root: str, chunks: Sequence[ContextChunk]
     ) -> tuple[list[ContextChunk], list[ContextChunk], int]:
         """(passages to send first and whole, the rest in score order, how many of the
-        first are predicted cached): the cached path, then passages retrieved before, most
-        often first (prepare.reuse)."""
+        first are predicted cached): the cached path, then the passage retrieved most often
+        before, if any, to extend that path (prepare.reuse)."""
         assert self._passage_cache is not None
         keys = [passage_key(render_context([chunk])) for chunk in chunks]
         by_key = dict(zip(keys, chunks, strict=True))
         with self._passage_cache_lock:
             cached = self._passage_cache.cached_prefix(root, keys)
             earlier = self._passage_cache.retrieved_before(keys)
-        # By key alone, so every replica orders the same hot set the same way.
-        hot = sorted(set(earlier) - set(cached))
-        first = [*cached, *hot]
+        # One passage a request joins the path: sent whole it costs its compressed part's
+        # saving now, and pays only if later requests retrieve it (bench.reuse measured
+        # every hot passage sent whole at once: slower, the paths broke early).
+        hot = [key for key in earlier if key not in cached]
+        seed = [max(hot, key=lambda key: (earlier[key], key))] if hot else []
+        first = [*cached, *seed]
         rest = [chunk for key, chunk in by_key.items() if key not in set(first)]
         return [by_key[key] for key in first], rest, len(cached)
 

@@ -14,11 +14,13 @@ holds (a model of vLLM's own LRU eviction). It also counts how often each passag
 retrieved. The layout (`PromptPreparer`) follows from it:
 1. cached: the longest path of the tree along passages the request retrieved, in the order
    they were sent before, whole;
-2. hot: passages retrieved before but not on that path, whole, in the order of their keys
-   (so every replica orders the same set the same way): sent whole now, they are cached for
-   the next request;
-3. cold: passages seen for the first time, in score order, the only part compression
-   touches; when nothing is compressed they too go whole, in the order of their keys.
+2. seed: of the passages retrieved before but not on that path, the one retrieved most
+   often (the paragraph a run of questions is about), whole: cached for the next request,
+   the path grows by one passage a request;
+3. the rest in score order, the only part compression touches; when nothing is compressed
+   they too go whole, in the order of their keys (so every replica agrees on it).
+A first version sent every passage retrieved before whole at once, in key order; on the
+skewed workload it was slower (docs/benchmarks.md, "Reusing retrieved passages").
 
 A wrong view only costs speed: a passage predicted cached and evicted is prefilled afresh,
 its text is still the retrieved text.
