@@ -25,7 +25,6 @@ import argparse
 import asyncio
 import json
 import logging
-import math
 import random
 import sys
 from collections import defaultdict
@@ -34,10 +33,17 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from bench.bootstrap import Interval, paired_ci
+from bench.bootstrap import Interval
+from bench.intervals import paired_ratio
 from bench.loadgen import RequestRecord, RequestSpec, make_client, run_load
 from bench.quality import DEFAULT_INDEX_DIR
-from bench.squad import DEFAULT_CACHE_DIR, SQUAD_DEV_FILENAME, SquadSet, load_squad
+from bench.squad import (
+    DEFAULT_CACHE_DIR,
+    SQUAD_DEV_FILENAME,
+    SquadQuestion,
+    SquadSet,
+    load_squad,
+)
 from bench.stats import percentile
 from bench.suite import warm_up
 from harness.service import ROOT, free_port, running_service
@@ -88,9 +94,7 @@ def skewed_items(
     """`requests` questions over `paragraph_ids`, the i-th paragraph drawn with weight
     1 / (i + 1)**exponent, each question asked once."""
     rng = random.Random(seed)
-    questions = defaultdict(list)
-    for question in squad.questions:
-        questions[question.paragraph_id].append(question)
+    questions = _questions_by_paragraph(squad)
     left = {pid: rng.sample(questions[pid], len(questions[pid])) for pid in paragraph_ids}
     if requests > sum(len(queue) for queue in left.values()):
         raise ValueError(f"{requests} requests need more questions than the paragraphs hold")
@@ -110,14 +114,20 @@ def skewed_items(
 def uniform_items(squad: SquadSet, paragraph_ids: Sequence[str], seed: int) -> list[WorkItem]:
     """One question of each paragraph: every request cold."""
     rng = random.Random(seed)
-    first: dict[str, Any] = {}
-    for question in squad.questions:
-        first.setdefault(question.paragraph_id, []).append(question)
+    questions = _questions_by_paragraph(squad)
     return [
         WorkItem(q.question_id, q.question, pid, False)
         for pid in paragraph_ids
-        for q in [rng.choice(first[pid])]
+        for q in [rng.choice(questions[pid])]
     ]
+
+
+def _questions_by_paragraph(squad: SquadSet) -> dict[str, list[SquadQuestion]]:
+    """Each paragraph's questions, in file order."""
+    questions: dict[str, list[SquadQuestion]] = defaultdict(list)
+    for question in squad.questions:
+        questions[question.paragraph_id].append(question)
+    return questions
 
 
 def phases(
@@ -186,12 +196,19 @@ def _ttfts(runs: Sequence[dict[str, list[dict[str, Any]]]], phase: str) -> list[
 
 
 def ratio_interval(a: Sequence[float | None], b: Sequence[float | None]) -> Interval | None:
-    """Median per-request ratio a/b with its paired 95% interval (through log ratios)."""
-    pairs = [(x, y) for x, y in zip(a, b, strict=True) if x and y]
-    if len(pairs) < 2:
-        return None
-    log = paired_ci([math.log(x) for x, _ in pairs], [math.log(y) for _, y in pairs])
-    return Interval(math.exp(log.estimate), math.exp(log.low), math.exp(log.high), log.n)
+    """Median per-request ratio a/b with its paired 95% interval (bench.intervals)."""
+    return paired_ratio(zip(a, b, strict=True))
+
+
+def _segments(phase: str) -> tuple[str, ...]:
+    return ("cold", "warm") if phase.startswith("skewed") else ("all",)
+
+
+def _segment_indices(items: Sequence[dict[str, Any]], segment: str) -> list[int]:
+    """Positions of the phase's requests in `segment` (cold, warm, or all)."""
+    return [
+        i for i, item in enumerate(items) if segment == "all" or item["warm"] == (segment == "warm")
+    ]
 
 
 def report(results: dict[str, Any]) -> str:
@@ -209,12 +226,8 @@ def report(results: dict[str, Any]) -> str:
         "|---|---|---|---|---|---|---|",
     ]
     for phase, info in plan.items():
-        for segment in ("cold", "warm") if phase.startswith("skewed") else ("all",):
-            keep = [
-                i
-                for i, item in enumerate(info["items"])
-                if segment == "all" or item["warm"] == (segment == "warm")
-            ]
+        for segment in _segments(phase):
+            keep = _segment_indices(info["items"], segment)
             for setting, setting_runs in runs.items():
                 records = [run[phase][i] for run in setting_runs for i in keep]
                 ok = [r for r in records if r["ok"] and r["ttft_ms"] is not None]
@@ -237,14 +250,9 @@ def report(results: dict[str, Any]) -> str:
         "|---|---|---|---|---|",
     ]
     for phase, info in plan.items():
-        segments = ("cold", "warm") if phase.startswith("skewed") else ("all",)
         per_request = {name: _ttfts(setting_runs, phase) for name, setting_runs in runs.items()}
-        for segment in segments:
-            keep = [
-                i
-                for i, item in enumerate(info["items"])
-                if segment == "all" or item["warm"] == (segment == "warm")
-            ]
+        for segment in _segments(phase):
+            keep = _segment_indices(info["items"], segment)
             for a, b in (("reuse", "today"), ("reuse", "naive"), ("today", "naive")):
                 if a not in per_request or b not in per_request:
                     continue
@@ -297,22 +305,16 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _machine() -> str:
-    model = "unknown CPU"
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            model = line.split(":", 1)[1].strip()
-            break
-    flags = Path("/proc/cpuinfo").read_text()
-    extras = [f for f in ("avx512f", "avx512_bf16", "amx_tile") if f" {f}" in flags]
-    return f"{model}, {len(_cpus())} cores, {'/'.join(extras) or 'no AVX-512'}"
-
-
-def _cpus() -> list[str]:
-    return [
-        line
-        for line in Path("/proc/cpuinfo").read_text().splitlines()
-        if line.startswith("processor")
-    ]
+    """The CPU's model, core count and wide-vector extensions, from /proc/cpuinfo."""
+    lines = Path("/proc/cpuinfo").read_text().splitlines()
+    model = next(
+        (line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")),
+        "unknown CPU",
+    )
+    cores = sum(1 for line in lines if line.startswith("processor"))
+    flags = next((line.split(":", 1)[1].split() for line in lines if line.startswith("flags")), [])
+    extras = [f for f in ("avx512f", "avx512_bf16", "amx_tile") if f in flags]
+    return f"{model}, {cores} cores, {'/'.join(extras) or 'no AVX-512'}"
 
 
 if __name__ == "__main__":
