@@ -230,7 +230,7 @@ class PromptPreparer:
                 plan = replace(plan, method=NO_COMPRESSION)
         if reuse_root is not None and plan.method == NO_COMPRESSION:
             # Sent whole, the rest can be reused too: in one order every replica agrees on.
-            chunks = sorted(chunks, key=lambda chunk: passage_key(render_context([chunk])))
+            chunks = sorted(chunks, key=_passage_key)
 
         compress_started = time.perf_counter()
         compressed = whole + compress_chunks(
@@ -272,7 +272,7 @@ class PromptPreparer:
         first are predicted cached): the cached path, then the passage retrieved most often
         before, if any, to extend that path (prepare.reuse)."""
         assert self._passage_cache is not None
-        keys = [passage_key(render_context([chunk])) for chunk in chunks]
+        keys = [_passage_key(chunk) for chunk in chunks]
         by_key = dict(zip(keys, chunks, strict=True))
         with self._passage_cache_lock:
             cached = self._passage_cache.cached_prefix(root, keys)
@@ -283,7 +283,8 @@ class PromptPreparer:
         hot = [key for key in earlier if key not in cached]
         seed = [max(hot, key=lambda key: (earlier[key], key))] if hot else []
         first = [*cached, *seed]
-        rest = [chunk for key, chunk in by_key.items() if key not in set(first)]
+        taken = set(first)
+        rest = [chunk for key, chunk in by_key.items() if key not in taken]
         return [by_key[key] for key in first], rest, len(cached)
 
     def _record_sent(self, root: str, kept: Sequence[ContextChunk]) -> None:
@@ -320,10 +321,9 @@ class PromptPreparer:
     def _unmet_need(self, plan: CompressionPlan, no_sentences: str | None) -> str | None:
         """Why this preparer cannot apply `plan`'s method, if it cannot (the `degraded`
         reason): it needs sentence embeddings the store lacks, or a compressor not loaded."""
-        method = get_method(plan.method)
-        if method.needs_sentence_embeddings and no_sentences:
+        if get_method(plan.method).needs_sentence_embeddings and no_sentences:
             return no_sentences
-        if method.needs_chunk_compressor and self._chunk_compressor is None:
+        if not self.loaded_for(plan.method):
             return "llmlingua_not_loaded"
         return None
 
@@ -355,6 +355,11 @@ class PromptPreparer:
             text=neutralize(chunk.text, self._reserved),
             sentences=tuple(neutralize(s, self._reserved) for s in chunk.sentences),
         )
+
+
+def _passage_key(chunk: ContextChunk) -> str:
+    """The view's key of a passage: its source block exactly as the prompt renders it."""
+    return passage_key(render_context([chunk]))
 
 
 def _without_oldest_exchange(history: tuple[Turn, ...]) -> tuple[Turn, ...]:
