@@ -100,15 +100,25 @@ def forbidden(action: str, collection: str) -> ApiError:
     )
 
 
+def read_refusal(grant: Grant, collection: str) -> ApiError | None:
+    return None if grant.can_read(collection) else forbidden("read", collection)
+
+
+def write_refusal(grant: Grant, collection: str) -> ApiError | None:
+    # The default collection is read-only whatever the key: the route says so itself.
+    if collection == DEFAULT_COLLECTION or grant.can_write(collection):
+        return None
+    return forbidden("change", collection)
+
+
 def check_read(grant: Grant, collection: str) -> None:
-    if not grant.can_read(collection):
-        raise forbidden("read", collection)
+    if refusal := read_refusal(grant, collection):
+        raise refusal
 
 
 def check_write(grant: Grant, collection: str) -> None:
-    # The default collection is read-only whatever the key: the route says so itself.
-    if collection != DEFAULT_COLLECTION and not grant.can_write(collection):
-        raise forbidden("change", collection)
+    if refusal := write_refusal(grant, collection):
+        raise refusal
 
 
 # Paths whose collection is in the URL: checked by the guard before any body byte is read.
@@ -120,9 +130,6 @@ def path_refusal(grant: Grant, method: str, path: str) -> ApiError | None:
     match = _COLLECTION_PATH.match(path)
     if match is None:
         return None
-    collection = match[1]
     if method in ("GET", "HEAD"):
-        return None if grant.can_read(collection) else forbidden("read", collection)
-    if collection == DEFAULT_COLLECTION or grant.can_write(collection):
-        return None
-    return forbidden("change", collection)
+        return read_refusal(grant, match[1])
+    return write_refusal(grant, match[1])
