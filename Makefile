@@ -140,13 +140,12 @@ chaos: setup
 bench-quick: setup
 	$(BIN)/python -m bench.suite --plan quick --out bench-results/quick
 
-# Latency lab, full run (over two hours here; docs/benchmarks.md): every ablation. The Qwen
-# pairing needs `make models-qwen` and the context sweep the SQuAD index (bench.quality prepare).
+# Latency lab, full run (about two hours here; docs/benchmarks.md): every live ablation. The
+# Qwen pairing needs `make models-qwen` and the context sweep the SQuAD index (bench.quality
+# prepare). Retired experiments (docs/retired.md) are no longer part of it.
 bench: setup models-qwen models-qwen15
 	$(BIN)/python -m bench.quality prepare
 	$(BIN)/python -m bench.suite --plan quick --out bench-results/quick
-	$(BIN)/python -m bench.llmlingua_speed --out bench-results/llmlingua-speed
-	$(BIN)/python -m bench.llmlingua_paired --n 40 --out bench-results/llmlingua-paired
 	$(BIN)/python -m bench.context_sweep --out bench-results/context-smollm2
 	$(BIN)/python -m bench.context_sweep --lengths 512 1024 2048 4096 --repeats 8 \
 		--method sentences --paired --out bench-results/context-sentences
@@ -157,19 +156,12 @@ bench: setup models-qwen models-qwen15
 		--set generator.model_source=.models/qwen2.5-coder-0.5b-instruct \
 		--out bench-results/context-qwen
 	$(BIN)/python -m bench.suite --plan qwen --out bench-results/qwen
-	$(BIN)/python -m bench.batching --out bench-results/batching
-	$(BIN)/python -m bench.overhead --out bench-results/overhead
-	$(BIN)/python -m bench.engines --out bench-results/engines
-	$(BIN)/python -m bench.ingestion --out bench-results/ingestion
-	$(BIN)/python -m bench.thread_contention --out bench-results/thread-contention
-	$(BIN)/python -m bench.scale --out bench-results/scale
 	$(BIN)/python -m bench.suite --plan spec --out bench-results/spec
 	$(MAKE) bench-prefix
 	$(MAKE) bench-speculative
-	$(BIN)/python -m bench.intervals --results bench-results --out bench-results/intervals
 
 # The prefix cache's TTFT on 40 random SQuAD questions (about 20 minutes here): four fresh
-# services, cache off, on, on, off, so drift falls on both sides alike.
+# services, cache off, on, on, off, so drift falls on both sides alike; then the paired ratios.
 # Reuse of retrieved passages' prefill on a skewed (Zipf) SQuAD workload and a uniform
 # control: naive, today's defaults and compression.reuse, five fresh services (about 30
 # minutes here). docs/benchmarks.md, "Reusing retrieved passages".
@@ -183,6 +175,7 @@ bench-prefix: setup
 	$(BIN)/python -m bench.suite --plan prefix-on --out bench-results/prefix/on-1
 	$(BIN)/python -m bench.suite --plan prefix-on --out bench-results/prefix/on-2
 	$(BIN)/python -m bench.suite --plan prefix-off --out bench-results/prefix/off-2
+	$(BIN)/python -m bench.quality_report prefix bench-results/prefix
 
 # Draft-model speculative decoding (about an hour here): the 0.5B drafting for the 1.5B in
 # vLLM at concurrency 1 and 8 on 32 SQuAD prompts a point, the variants alternating in
@@ -210,8 +203,8 @@ eval-quick: setup
 # (about an hour), then the headline: 200 random questions read by the 1.5B, none vs
 # sentences@0.5 vs LLMLingua@0.5 (about 100 minutes more; Ctrl-C keeps what it has, and run
 # again it goes on from there), the same 200 read by the 0.5B (55 min) and by SmolLM2 (36
-# min), the answers the cap cut asked again with a larger one (8 min for the 0.5B's 21,
-# 70 for SmolLM2's 153), and the paired intervals over all of them.
+# min). Each run's report carries its own paired intervals against `none`; then the 1.5B
+# against the 0.5B on the same questions.
 eval: setup models-qwen models-qwen15
 	$(BIN)/python -m bench.quality prepare
 	$(BIN)/python -m bench.suite --plan eval-full --out bench-results/eval-full
@@ -219,11 +212,11 @@ eval: setup models-qwen models-qwen15
 	$(BIN)/python -m bench.suite --plan eval-qwen15 --out bench-results/eval-qwen15
 	$(BIN)/python -m bench.suite --plan eval-qwen05 --out bench-results/eval-qwen05
 	$(BIN)/python -m bench.suite --plan eval-smollm2 --out bench-results/eval-smollm2
-	$(BIN)/python -m bench.caps --plan eval-qwen05 --max-tokens 256 --out bench-results/caps-qwen05 \
-		--results bench-results/eval-qwen05/squad-reader-200q-qwen2.5-coder-0.5b-instruct.json
-	$(BIN)/python -m bench.caps --plan eval-smollm2 --max-tokens 256 --out bench-results/caps-smollm2 \
-		--results bench-results/eval-smollm2/squad-reader-200q-smollm2-135m-instruct.json
-	$(BIN)/python -m bench.intervals --results bench-results --out bench-results/intervals
+	$(BIN)/python -m bench.quality_report readers \
+		bench-results/eval-qwen15/squad-reader-200q-qwen2.5-coder-1.5b-instruct.json \
+		bench-results/eval-qwen05/squad-reader-200q-qwen2.5-coder-0.5b-instruct.json \
+		--points "none k=5" "sentences@0.5 k=5" "llmlingua@0.5 k=5" \
+		--out bench-results/readers-15-05.json
 
 # Conversations and citations (about 35 minutes here): follow-up retrieval on 100 SQuAD
 # pairs (full / last / join / rewrite) and citation precision on 100 random SQuAD dev

@@ -41,7 +41,7 @@ from typing import Any
 import httpx
 
 from app.config import parse_config
-from bench import bootstrap, outcomes
+from bench import outcomes, stats
 from bench.cluster import NodeSpec, local_cluster
 from bench.loadgen import RequestRecord, RequestSpec, make_client, run_load
 from bench.questions import DEFAULT_QUESTIONS as QUESTIONS
@@ -196,10 +196,10 @@ def run_overload(work: Path, seed: int, overrides: dict | None = None, label: st
             load(service.base_url, specs(count, 1000), rate_per_s=rate, seed=seed)
         )
         overloaded = summary(over_records, over_ready)
-    ratio = bootstrap.ratio_ci(
+    ratio = stats.ratio_ci(
         outcomes.admitted_e2e_ms(over_records),
         outcomes.admitted_e2e_ms(capacity_records),
-        bootstrap.quantile(99),
+        stats.quantile(99),
         seed=seed,
     )
     return {

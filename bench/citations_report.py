@@ -21,11 +21,17 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from app.schemas import CitationInfo, RagQueryResponse
-from bench import bootstrap
-from bench.bootstrap import Interval
-from bench.labs import interval_text, sample_interval
 from bench.squad_metrics import answer_survives, exact_match, f1, recall_at_k
-from bench.stats import format_ms, mean, percentile_or_none
+from bench.stats import (
+    Interval,
+    fmt_interval,
+    format_ms,
+    mean,
+    one_sample,
+    percentile_or_none,
+    sample_mean,
+    sample_median,
+)
 
 
 @dataclass
@@ -179,16 +185,18 @@ def _style(style: str, rows: Sequence[CitationRow]) -> StyleSummary:
         context_ceiling=_share(ok, lambda r: bool(r.context_has_gold)),
         gold_retrieved=_share(ok, lambda r: bool(r.gold_retrieved)),
         answer_has_gold=_share(ok, lambda r: bool(r.answer_has_gold)),
-        exact_match=sample_interval([r.exact_match for r in ok if r.exact_match is not None]),
-        f1=sample_interval([r.f1 for r in ok if r.f1 is not None]),
-        attribute_ms_p50=sample_interval(attribute_ms, bootstrap.median),
+        exact_match=one_sample(
+            [r.exact_match for r in ok if r.exact_match is not None], sample_mean
+        ),
+        f1=one_sample([r.f1 for r in ok if r.f1 is not None], sample_mean),
+        attribute_ms_p50=one_sample(attribute_ms, sample_median),
         attribute_ms_p95=percentile_or_none(attribute_ms, 95),
         compression_methods=dict(Counter(r.compression_method for r in ok if r.compression_method)),
     )
 
 
 def _share(rows: Sequence[CitationRow], hit: Callable[[CitationRow], bool]) -> Interval | None:
-    return sample_interval([float(hit(r)) for r in rows])
+    return one_sample([float(hit(r)) for r in rows], sample_mean)
 
 
 # --- Markdown --------------------------------------------------------------------------------
@@ -228,7 +236,7 @@ def render_markdown(config: dict[str, Any], summaries: Sequence[StyleSummary]) -
         )
         lines.append(
             f"| {s.style} | {s.answered}/{s.questions} | "
-            + " | ".join(interval_text(cell) for cell in cells)
+            + " | ".join(fmt_interval(cell) for cell in cells)
             + " |"
         )
     lines += [
@@ -243,7 +251,7 @@ def render_markdown(config: dict[str, Any], summaries: Sequence[StyleSummary]) -
         lines.append(
             f"| {s.style} | {s.citations} ({per_answer}) | {s.invalid_source_ids} "
             f"({s.answers_with_invalid_source}) | {s.bad_spans} | {s.attribution_missing} "
-            f"| {interval_text(s.attribute_ms_p50, 1)} | {format_ms(s.attribute_ms_p95)} "
+            f"| {fmt_interval(s.attribute_ms_p50, 1)} | {format_ms(s.attribute_ms_p95)} "
             f"| {methods or '–'} |"
         )
     return "\n".join(lines) + "\n"

@@ -39,7 +39,8 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-from collections.abc import Callable, Sequence
+import math
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -47,11 +48,16 @@ from typing import Any
 import httpx
 import numpy as np
 
-from bench import bootstrap
-from bench.bootstrap import Interval
-from bench.intervals import faster_policy, fmt_ratio, independent_ratio, one_sample, paired_ratio
 from bench.squad import DEFAULT_CACHE_DIR, SQUAD_DEV_FILENAME, load_squad, sample_questions
-from bench.stats import median
+from bench.stats import (
+    Interval,
+    fmt_ratio,
+    independent_ratio,
+    median,
+    one_sample,
+    paired_ratio,
+    sample_mean,
+)
 from harness.service import ROOT, free_port, running_service
 from harness.variant import parse_assignment, write_variant
 from prepare.cost_model import CompressionCostModel, CompressorCost, PrefillCost
@@ -291,6 +297,17 @@ def summarize(records: Sequence[SweepRecord]) -> list[Cell]:
     return cells
 
 
+def faster_policy(samples: Mapping[str, Sequence[float]]) -> tuple[str, Sequence[float]]:
+    """The policy with the lowest median TTFT (the first on a tie; empty samples last)."""
+
+    def key(policy: str) -> float:
+        middle = median(samples[policy])
+        return math.inf if middle is None else middle
+
+    name = min(samples, key=key)
+    return name, samples[name]
+
+
 def auto_verdicts(records: Sequence[SweepRecord]) -> dict[int, str]:
     """Per length: auto's median TTFT over that of the faster of never and always, with a
     95% interval (independent requests: different questions per policy unless --paired,
@@ -382,7 +399,7 @@ class OracleSummary:
 
     right_share: the 0/1 right picks' mean with its bootstrap interval (None below 2
     questions); always_over_never and auto_over_oracle: median per-question TTFT ratios with
-    bootstrap intervals (bench.intervals.paired_ratio); total_ratio: auto's summed TTFT over
+    bootstrap intervals (bench.stats.paired_ratio); total_ratio: auto's summed TTFT over
     the oracle's."""
 
     length: int | None
@@ -416,7 +433,7 @@ def summarize_oracle(rows: Sequence[OracleRow]) -> list[OracleSummary]:
                 sum(r.faster == "always" for r in group),
                 sum(r.auto_compressed for r in group),
                 right,
-                one_sample([float(r.right) for r in group], stat=bootstrap.mean),
+                one_sample([float(r.right) for r in group], stat=sample_mean),
                 wilson_interval(right, len(group)),
                 paired_ratio((r.always_ms, r.never_ms) for r in group),
                 paired_ratio((r.auto_ms, r.oracle_ms) for r in group),

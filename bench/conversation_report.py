@@ -2,7 +2,7 @@
 
 Recall@k per condition over its answered requests; paired differences over the pairs
 answered under both conditions (resampled together); p50s of the service's own timings.
-Every interval is bench.bootstrap's 95% percentile interval with a fixed seed.
+Every interval is bench.stats' 95% percentile interval with a fixed seed.
 """
 
 from __future__ import annotations
@@ -12,16 +12,20 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from bench import bootstrap
-from bench.bootstrap import Interval
-from bench.labs import (
+from bench.stats import (
     NO_DIFFERENCE,
-    difference_label,
-    interval_text,
-    paired_interval,
-    sample_interval,
+    Interval,
+    Statistic,
+    difference_verdict,
+    fmt_interval,
+    format_ms,
+    mean,
+    median,
+    one_sample,
+    paired_difference,
+    sample_mean,
+    sample_median,
 )
-from bench.stats import format_ms, mean, median
 
 # (minuend, subtrahend): the comparisons the lab is for.
 RECALL_DIFFERENCES = (("join", "full"), ("rewrite", "full"), ("last", "full"), ("rewrite", "join"))
@@ -102,7 +106,7 @@ def summarize(rows: Sequence[Row], conditions: Sequence[str], top_k: int) -> Sum
     """The lab's figures from its rows; comparisons need both of their conditions run."""
     answered = {(r.pair_id, r.condition): r for r in rows if r.error is None}
     differences = [
-        _difference(answered, rows, a, b, "recall", bootstrap.mean)
+        _difference(answered, rows, a, b, "recall", sample_mean)
         for a, b in RECALL_DIFFERENCES
         if a in conditions and b in conditions
     ]
@@ -111,13 +115,11 @@ def summarize(rows: Sequence[Row], conditions: Sequence[str], top_k: int) -> Sum
         rewrites = [r for r in rows if r.condition == "rewrite" and r.error is None]
         has_join = "join" in conditions
         cost = RewriteCost(
-            rewrite_ms_p50=sample_interval(
-                _present(r.rewrite_ms for r in rewrites), bootstrap.median
-            ),
-            ttft_ms=_difference(answered, rows, "rewrite", "join", "ttft_ms", bootstrap.median)
+            rewrite_ms_p50=one_sample(_present(r.rewrite_ms for r in rewrites), sample_median),
+            ttft_ms=_difference(answered, rows, "rewrite", "join", "ttft_ms", sample_median)
             if has_join
             else None,
-            total_ms=_difference(answered, rows, "rewrite", "join", "total_ms", bootstrap.median)
+            total_ms=_difference(answered, rows, "rewrite", "join", "total_ms", sample_median)
             if has_join
             else None,
             fallbacks=sum(_fell_back(r) for r in rewrites),
@@ -134,7 +136,7 @@ def summarize(rows: Sequence[Row], conditions: Sequence[str], top_k: int) -> Sum
         conditions=[_condition(c, [r for r in rows if r.condition == c]) for c in conditions],
         recall_differences=differences,
         rewrite_cost=cost,
-        prefix_cache=CacheUse(len(cached), int(sum(cached)), sample_interval(cached)),
+        prefix_cache=CacheUse(len(cached), int(sum(cached)), one_sample(cached, sample_mean)),
     )
 
 
@@ -145,7 +147,7 @@ def _condition(condition: str, rows: Sequence[Row]) -> ConditionSummary:
         requests=len(rows),
         answered=len(ok),
         errors=len(rows) - len(ok),
-        recall=sample_interval(_present(r.recall for r in ok)),
+        recall=one_sample(_present(r.recall for r in ok), sample_mean),
         mrr=mean(1 / r.gold_rank if r.gold_rank else 0.0 for r in ok),
         applied_modes=dict(Counter(r.applied_mode for r in ok if r.applied_mode)),
         rewrite_fallbacks=sum(_fell_back(r) for r in ok) if condition == "rewrite" else 0,
@@ -167,7 +169,7 @@ def _difference(
     a: str,
     b: str,
     metric: str,
-    stat: bootstrap.Statistic,
+    stat: Statistic,
 ) -> Difference:
     pair_ids = list(dict.fromkeys(r.pair_id for r in rows))
     values = [
@@ -176,8 +178,8 @@ def _difference(
         if (p, a) in answered and (p, b) in answered
     ]
     values = [(x, y) for x, y in values if x is not None and y is not None]
-    interval = paired_interval([x for x, _ in values], [y for _, y in values], stat)
-    return Difference(f"{a} − {b}", len(values), interval, difference_label(interval))
+    interval = paired_difference(values, stat)
+    return Difference(f"{a} − {b}", len(values), interval, difference_verdict(interval))
 
 
 def _present(values: Any) -> list[float]:
@@ -212,7 +214,7 @@ def render_markdown(config: dict[str, Any], summary: Summary) -> str:
         modes = ", ".join(f"{mode} {count}" for mode, count in sorted(c.applied_modes.items()))
         lines.append(
             f"| {c.condition} | {c.answered}/{c.requests} | {c.errors} "
-            f"| {interval_text(c.recall)} | {_fmt(c.mrr)} | {modes or '–'} "
+            f"| {fmt_interval(c.recall)} | {_fmt(c.mrr)} | {modes or '–'} "
             f"| {format_ms(c.retrieve_ms_p50)} | {format_ms(c.rewrite_ms_p50)} "
             f"| {format_ms(c.ttft_ms_p50)} | {format_ms(c.total_ms_p50)} "
             f"| {c.with_cached_prompt}/{c.answered} |"
@@ -232,14 +234,14 @@ def render_markdown(config: dict[str, Any], summary: Summary) -> str:
             "",
             "## What the rewrite costs",
             "",
-            f"- `timings_ms.rewrite` p50: {interval_text(cost.rewrite_ms_p50, 1)} ms",
+            f"- `timings_ms.rewrite` p50: {fmt_interval(cost.rewrite_ms_p50, 1)} ms",
             f"- fell back to the join: {cost.fallbacks} of {cost.answered}",
         ]
         for name, difference in (("TTFT", cost.ttft_ms), ("total", cost.total_ms)):
             if difference is not None:
                 lines.append(
                     f"- {name} {difference.name}, median of per-pair differences: "
-                    f"{interval_text(difference.interval, 1)} ms: {difference.label}"
+                    f"{fmt_interval(difference.interval, 1)} ms: {difference.label}"
                 )
     cache = summary.prefix_cache
     lines += [
@@ -247,7 +249,7 @@ def render_markdown(config: dict[str, Any], summary: Summary) -> str:
         "## Prefix cache",
         "",
         f"- follow-up requests with `cached_prompt_tokens` > 0: {cache.with_cached_prompt}/"
-        f"{cache.follow_up_requests} ({interval_text(cache.fraction)})",
+        f"{cache.follow_up_requests} ({fmt_interval(cache.fraction)})",
     ]
     return "\n".join(lines) + "\n"
 
@@ -255,7 +257,7 @@ def render_markdown(config: dict[str, Any], summary: Summary) -> str:
 def _difference_row(difference: Difference, digits: int) -> str:
     return (
         f"| {difference.name} | {difference.pairs} "
-        f"| {interval_text(difference.interval, digits)} | {difference.label} |"
+        f"| {fmt_interval(difference.interval, digits)} | {difference.label} |"
     )
 
 

@@ -3,8 +3,6 @@
 - `require_loopback`: the labs talk only to a service on this machine.
 - `post_query`: one POST /v1/rag/query with a timeout; a failure is recorded, never raised
   or retried.
-- `sample_interval`: a statistic of one sample with its 95% bootstrap interval, and
-  `difference_label`: what a paired interval says ("no detectable difference" when it holds 0).
 - `squad_service`: serve_config.yaml with `retriever.index_path` on the SQuAD index
   (`python -m bench.quality prepare` builds it), started and stopped by harness.service, the
   way bench.suite starts its variants.
@@ -13,9 +11,9 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -24,16 +22,12 @@ import httpx
 from pydantic import ValidationError
 
 from app.schemas import RagQueryResponse
-from bench import bootstrap, quality
-from bench.bootstrap import Interval
+from bench import quality
 from harness.service import ROOT, free_port, running_service
 from harness.variant import write_variant
 
 QUERY_PATH = "/v1/rag/query"
 LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
-NO_DIFFERENCE = "no detectable difference"
-# The same seed for every interval: a rerun on the same rows reports the same numbers.
-BOOTSTRAP_SEED = 0
 _ERROR_TEXT_CHARS = 500
 
 
@@ -111,46 +105,6 @@ def error_text(response: httpx.Response) -> str:
 
 def _ms_since(started: float) -> float:
     return round((time.perf_counter() - started) * 1000, 1)
-
-
-# --- intervals -------------------------------------------------------------------------------
-
-
-def sample_interval(
-    values: Sequence[float], stat: bootstrap.Statistic = bootstrap.mean
-) -> Interval | None:
-    """stat(values) with a 95% bootstrap interval (None for no values). The mean of 0/1
-    values is a proportion. bench.bootstrap.paired_ci against zeros resamples the values
-    themselves, so this is its one-sample interval."""
-    if not values:
-        return None
-    return bootstrap.paired_ci(list(values), [0.0] * len(values), stat=stat, seed=BOOTSTRAP_SEED)
-
-
-def paired_interval(
-    a: Sequence[float], b: Sequence[float], stat: bootstrap.Statistic = bootstrap.mean
-) -> Interval | None:
-    """stat of the per-pair differences a[i] - b[i] with its 95% interval (None if empty)."""
-    if not a:
-        return None
-    return bootstrap.paired_ci(list(a), list(b), stat=stat, seed=BOOTSTRAP_SEED)
-
-
-def difference_label(interval: Interval | None) -> str:
-    """ "higher" or "lower" when the interval of a difference excludes 0, else
-    NO_DIFFERENCE (also when there was nothing to compare)."""
-    if interval is None or interval.contains(0.0):
-        return NO_DIFFERENCE
-    return "higher" if interval.low > 0 else "lower"
-
-
-def interval_dict(interval: Interval | None) -> dict[str, float] | None:
-    return None if interval is None else asdict(interval)
-
-
-def interval_text(interval: Interval | None, digits: int = 3) -> str:
-    """`0.800 [0.700, 0.880] (n=120)`, or "–" for none."""
-    return "–" if interval is None else f"{interval.text(digits)} (n={interval.n})"
 
 
 # --- the service -----------------------------------------------------------------------------

@@ -47,6 +47,7 @@ import httpx
 from pydantic import ValidationError
 
 from app.schemas import RagQueryResponse
+from bench import quality_report
 from bench.outputs import (
     label,
     positive_float,
@@ -591,12 +592,16 @@ def write_outputs(
     summaries: Sequence[PointSummary],
 ) -> list[Path]:
     """Write `<label>.json`, `<label>.md` and, with matplotlib, `<label>.png`; return them."""
+    rows = [asdict(r) for r in results]
+    comparisons = quality_report.against_none(rows, config["points"])
     document = {
         "config": config,
         "summary": [asdict(s) for s in summaries],
-        "results": [asdict(r) for r in results],
+        "comparisons": quality_report.jsonable(comparisons),
+        "results": rows,
     }
-    written = write_json_and_markdown(out_dir, label, document, render_markdown(config, summaries))
+    markdown = render_markdown(config, summaries) + quality_report.comparisons_markdown(comparisons)
+    written = write_json_and_markdown(out_dir, label, document, markdown)
     png_path = out_dir / f"{label}.png"
     if plot_f1_against_tokens(summaries, png_path):
         written.append(png_path)

@@ -33,8 +33,6 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from bench.bootstrap import Interval
-from bench.intervals import paired_ratio
 from bench.loadgen import RequestRecord, RequestSpec, make_client, run_load
 from bench.quality import DEFAULT_INDEX_DIR
 from bench.squad import (
@@ -44,7 +42,7 @@ from bench.squad import (
     SquadSet,
     load_squad,
 )
-from bench.stats import percentile
+from bench.stats import Interval, paired_ratio, percentile
 from bench.suite import warm_up
 from harness.service import ROOT, free_port, running_service
 from harness.variant import write_variant
@@ -196,7 +194,7 @@ def _ttfts(runs: Sequence[dict[str, list[dict[str, Any]]]], phase: str) -> list[
 
 
 def ratio_interval(a: Sequence[float | None], b: Sequence[float | None]) -> Interval | None:
-    """Median per-request ratio a/b with its paired 95% interval (bench.intervals)."""
+    """Median per-request ratio a/b with its paired 95% interval (bench.stats)."""
     return paired_ratio(zip(a, b, strict=True))
 
 

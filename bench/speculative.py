@@ -23,17 +23,17 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import random
 import sys
 import time
 from collections.abc import Sequence
+from dataclasses import asdict
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from bench import bootstrap, stats
+from bench import stats
 from bench.outputs import positive_int, write_json_and_markdown
 from bench.questions import DEFAULT_QUESTIONS
 
@@ -72,30 +72,23 @@ def block_slice(order: Sequence[str], block: int | None, size: int) -> list[str]
     return list(order[start : start + size])
 
 
-def tpot_ms(ttft_ms: float, e2e_ms: float, tokens: int) -> float | None:
-    """Time per output token after the first (bench.stats' definition)."""
-    return stats.tpot(ttft_ms, e2e_ms, tokens)
-
-
 def acceptance(accepted: int, drafted: int) -> float | None:
     """Share of draft tokens the target accepted; None when nothing was drafted."""
     return accepted / drafted if drafted else None
 
 
-def speedup_ci(plain: Sequence[float | None], spec: Sequence[float | None]) -> bootstrap.Interval:
-    """Median per-pair speed-up plain/spec with a paired 95% interval (bootstrap on logs);
+def speedup_ci(
+    plain: Sequence[float | None], spec: Sequence[float | None]
+) -> stats.Interval | None:
+    """Median per-pair speed-up plain/spec with its paired 95% interval (bench.stats);
     pairs with a missing side (a one-token answer has no TPOT) are left out."""
-    pairs = [(a, b) for a, b in zip(plain, spec, strict=True) if a and b]
-    logs = bootstrap.paired_ci([math.log(a) for a, _ in pairs], [math.log(b) for _, b in pairs])
-    return bootstrap.Interval(
-        math.exp(logs.estimate), math.exp(logs.low), math.exp(logs.high), logs.n
+    return stats.paired_ratio(zip(plain, spec, strict=True))
+
+
+def verdict(interval: stats.Interval | None) -> str:
+    return stats.ratio_verdict(
+        interval, below="slower with the draft", above="faster with the draft"
     )
-
-
-def verdict(interval: bootstrap.Interval) -> str:
-    if interval.contains(1.0):
-        return "no detectable difference"
-    return "faster with the draft" if interval.low > 1.0 else "slower with the draft"
 
 
 def point_summary(rows: Sequence[dict[str, Any]], wall_s: float) -> dict[str, Any]:
@@ -177,7 +170,7 @@ def run_hf(args: argparse.Namespace) -> dict[str, Any]:
         ttft_ms, e2e_ms = (streamer.first_s - start) * 1000, (end - start) * 1000
         return {
             "ttft_ms": ttft_ms, "e2e_ms": e2e_ms, "tokens": len(new),
-            "tpot_ms": tpot_ms(ttft_ms, e2e_ms, len(new)), "token_ids": new,
+            "tpot_ms": stats.tpot(ttft_ms, e2e_ms, len(new)), "token_ids": new,
             "drafted": counts["drafted"] - before["drafted"],
             "accepted": counts["accepted"] - before["accepted"],
         }  # fmt: skip
@@ -233,7 +226,7 @@ async def _vllm_point(engine: Any, prompts: list[str], concurrency: int, max_tok
             end = time.perf_counter()
         ttft_ms, e2e_ms = ((first or end) - start) * 1000, (end - start) * 1000
         return {"ttft_ms": ttft_ms, "e2e_ms": e2e_ms, "tokens": len(ids),
-                "tpot_ms": tpot_ms(ttft_ms, e2e_ms, len(ids)), "token_ids": ids}  # fmt: skip
+                "tpot_ms": stats.tpot(ttft_ms, e2e_ms, len(ids)), "token_ids": ids}  # fmt: skip
 
     start = time.perf_counter()
     rows = await asyncio.gather(*(one(p) for p in prompts))
@@ -400,8 +393,8 @@ def summarize_vllm(
     return out
 
 
-def _interval(i: bootstrap.Interval) -> dict[str, Any]:
-    return {"estimate": i.estimate, "low": i.low, "high": i.high, "n": i.n, "verdict": verdict(i)}
+def _interval(i: stats.Interval | None) -> dict[str, Any] | None:
+    return None if i is None else {**asdict(i), "verdict": verdict(i)}
 
 
 def markdown(hf: dict[str, Any] | None, vllm: list[dict[str, Any]] | None, command: str) -> str:

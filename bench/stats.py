@@ -14,22 +14,35 @@ Percentiles are numpy's default ("linear"), linear interpolation between closest
 for sorted values v[0..n-1] and q in [0, 100], h = (n - 1) * q / 100 and the result is
 v[floor(h)] + (h - floor(h)) * (v[floor(h) + 1] - v[floor(h)]). The median is the 50th.
 
-This module is the benchmarks' one place for such figures: percentiles, medians and means of
-measured values, per-second rates and the number format of the latency tables. Confidence
-intervals are bench.bootstrap's.
+This module is the lab's one place for such figures: percentiles, medians and means of
+measured values, per-second rates, the number format of the latency tables, and the 95%
+confidence intervals every comparison is reported with:
+
+- `ratio_ci(a, b, stat)`: stat(a) / stat(b) for two independent samples (each resampled on
+  its own); `independent_ratio` is the same on raw values (None left out).
+- `paired_ci(a, b, stat)`: stat(a - b) for paired samples (the same prompts on both sides,
+  resampled together); `paired_difference` on raw pairs, `paired_ratio` the median per-pair
+  ratio a / b (bootstrapped on the logarithms), `one_sample` a statistic of one sample.
+
+Percentile intervals over 2,000 draws from numpy's generator with seed 0, so a rerun on the
+same records reports the same numbers. A difference whose interval holds 0 (a ratio whose
+interval holds 1) is reported as "no detectable difference", never as a gain. TPOT is the
+product's own definition (`pipeline.rag.tpot_ms`), so the lab and the service's
+`timings.tpot_ms` cannot drift apart.
 """
 
 from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
 
 from bench.loadgen import STAGE_NAMES, RequestRecord
+from pipeline.rag import tpot_ms as product_tpot_ms
 
 PERCENTILES = (50.0, 90.0, 99.0)
 
@@ -66,10 +79,9 @@ def per_s(count: float, duration_s: float) -> float:
 
 
 def tpot(ttft_ms: float, e2e_ms: float, output_tokens: int) -> float | None:
-    """Time per output token, (E2E - TTFT) / (output_tokens - 1); None below 2 tokens."""
-    if output_tokens < 2:
-        return None
-    return (e2e_ms - ttft_ms) / (output_tokens - 1)
+    """Time per output token, (E2E - TTFT) / (output_tokens - 1); None below 2 tokens: the
+    service's own definition, applied to client-side times."""
+    return product_tpot_ms(e2e_ms, ttft_ms, output_tokens)
 
 
 def format_ms(value: float | None) -> str:
@@ -238,3 +250,173 @@ def markdown_table(summary: Summary) -> str:
         cells = (dist.mean, dist.p50, dist.p90, dist.p99, dist.max)
         lines.append(f"| {name} | {dist.n} | " + " | ".join(format_ms(v) for v in cells) + " |")
     return "\n".join(lines)
+
+
+# --- 95% intervals -----------------------------------------------------------------------------
+
+Statistic = Callable[[np.ndarray], float]
+
+NO_DIFFERENCE = "no detectable difference"
+SEED = 0
+
+
+def sample_median(values: np.ndarray) -> float:
+    """The median of a resample (a bootstrap statistic: no None, never empty)."""
+    return float(np.median(values))
+
+
+def sample_mean(values: np.ndarray) -> float:
+    """The mean of a resample (a bootstrap statistic; of 0/1 values, a proportion)."""
+    return float(np.mean(values))
+
+
+def quantile(q: float) -> Statistic:
+    """The q-th percentile (0-100) as a statistic."""
+
+    def statistic(values: np.ndarray) -> float:
+        return float(np.percentile(values, q))
+
+    statistic.__name__ = f"p{q:g}"
+    return statistic
+
+
+@dataclass(frozen=True)
+class Interval:
+    estimate: float
+    low: float
+    high: float
+    n: int
+
+    def contains(self, value: float) -> bool:
+        return self.low <= value <= self.high
+
+    def text(self, digits: int = 2, unit: str = "") -> str:
+        fmt = f"{{:.{digits}f}}"
+        return (
+            f"{fmt.format(self.estimate)}{unit} [{fmt.format(self.low)}, {fmt.format(self.high)}]"
+        )
+
+
+def ratio_ci(
+    a: Sequence[float],
+    b: Sequence[float],
+    stat: Statistic = sample_median,
+    resamples: int = 2000,
+    seed: int = SEED,
+) -> Interval:
+    """stat(a) / stat(b) with a 95% interval; n is the smaller sample."""
+    first, second = _array(a), _array(b)
+    rng = np.random.default_rng(seed)
+    draws = np.empty(resamples)
+    for i in range(resamples):
+        top = stat(rng.choice(first, first.size))
+        bottom = stat(rng.choice(second, second.size))
+        draws[i] = top / bottom if bottom else np.nan
+    low, high = np.nanpercentile(draws, [2.5, 97.5])
+    bottom = stat(second)
+    estimate = stat(first) / bottom if bottom else float("nan")
+    return Interval(estimate, float(low), float(high), min(first.size, second.size))
+
+
+def paired_ci(
+    a: Sequence[float],
+    b: Sequence[float],
+    stat: Statistic = sample_median,
+    resamples: int = 2000,
+    seed: int = SEED,
+) -> Interval:
+    """stat of the per-pair differences a[i] - b[i], with a 95% interval."""
+    first, second = _array(a), _array(b)
+    if first.size != second.size:
+        raise ValueError("paired samples must have the same length")
+    differences = first - second
+    rng = np.random.default_rng(seed)
+    draws = np.array([stat(rng.choice(differences, differences.size)) for _ in range(resamples)])
+    low, high = np.percentile(draws, [2.5, 97.5])
+    return Interval(stat(differences), float(low), float(high), differences.size)
+
+
+def _array(values: Sequence[float]) -> np.ndarray:
+    array = np.asarray(values, dtype=float)
+    if array.size == 0:
+        raise ValueError("a bootstrap needs at least one value on each side")
+    return array
+
+
+def _finite(values: Iterable[float | None]) -> list[float]:
+    return [float(v) for v in values if v is not None and math.isfinite(float(v))]
+
+
+def one_sample(values: Iterable[float | None], stat: Statistic = sample_median) -> Interval | None:
+    """stat(values) with its 95% interval (paired_ci against zeros resamples the values
+    themselves); None with fewer than 2 values: one value says nothing of its spread."""
+    data = _finite(values)
+    if len(data) < 2:
+        return None
+    return paired_ci(data, [0.0] * len(data), stat=stat)
+
+
+def paired_ratio(pairs: Iterable[tuple[float | None, float | None]]) -> Interval | None:
+    """The median per-pair ratio a / b with its 95% interval (bootstrap on the logs); pairs
+    with a side missing or not positive are left out; None with fewer than 2 pairs."""
+    kept = [(a, b) for a, b in pairs if a is not None and b is not None and a > 0 and b > 0]
+    if len(kept) < 2:
+        return None
+    logs = paired_ci([math.log(a) for a, _ in kept], [math.log(b) for _, b in kept])
+    return Interval(math.exp(logs.estimate), math.exp(logs.low), math.exp(logs.high), logs.n)
+
+
+def independent_ratio(
+    a: Iterable[float | None], b: Iterable[float | None], stat: Statistic = sample_median
+) -> Interval | None:
+    """stat(a) / stat(b) for independent samples with its 95% interval; None when a side
+    has fewer than 2 values."""
+    first, second = _finite(a), _finite(b)
+    if len(first) < 2 or len(second) < 2:
+        return None
+    return ratio_ci(first, second, stat=stat)
+
+
+def paired_difference(
+    pairs: Iterable[tuple[float | None, float | None]], stat: Statistic = sample_mean
+) -> Interval | None:
+    """stat of the per-pair differences a - b with its 95% interval; None below 2 pairs."""
+    kept = [(a, b) for a, b in pairs if a is not None and b is not None]
+    if len(kept) < 2:
+        return None
+    return paired_ci([a for a, _ in kept], [b for _, b in kept], stat=stat)
+
+
+def ratio_verdict(interval: Interval | None, below: str = "lower", above: str = "higher") -> str:
+    """What a ratio's interval says: `below` or `above` 1, else no detectable difference."""
+    if interval is None:
+        return "no interval"
+    if interval.contains(1.0):
+        return NO_DIFFERENCE
+    return below if interval.high < 1.0 else above
+
+
+def difference_verdict(interval: Interval | None) -> str:
+    """ "higher" or "lower" when a difference's interval excludes 0, else NO_DIFFERENCE
+    (also when there was nothing to compare)."""
+    if interval is None or interval.contains(0.0):
+        return NO_DIFFERENCE
+    return "lower" if interval.high < 0.0 else "higher"
+
+
+def fmt_ratio(interval: Interval | None, n: int | None = None) -> str:
+    """`0.80x [0.74, 0.86]`, and ": no detectable difference" when the interval holds 1."""
+    if interval is None:
+        return f"n = {n}: no interval" if n is not None else "no interval"
+    text = f"{interval.estimate:.2f}x [{interval.low:.2f}, {interval.high:.2f}]"
+    return text + (f": {NO_DIFFERENCE}" if interval.contains(1.0) else "")
+
+
+def fmt_interval(interval: Interval | None, digits: int = 3) -> str:
+    """`0.800 [0.700, 0.880] (n=120)`, or "-" for none."""
+    return "-" if interval is None else f"{interval.text(digits)} (n={interval.n})"
+
+
+def interval_dict(interval: Interval | None) -> dict[str, float] | None:
+    """An interval as JSON-ready data (None stays None)."""
+    return None if interval is None else asdict(interval)

@@ -183,7 +183,7 @@ QUALITY_PLANS: dict[str, QualityPlan] = {
     "eval-qwen15": reader_headline(QWEN15_GENERATOR),
     # The prefix cache of the system prompt, off and on, for the latency headline: 40 random
     # questions, uncompressed, with the CPU default. Run as four fresh services in ABBA
-    # order (off, on, on, off: make bench-prefix), paired by question in bench.intervals.
+    # order (off, on, on, off: make bench-prefix), paired by question in bench.quality_report.
     "prefix-off": QualityPlan(
         questions=40,
         sweep="prefix",
@@ -192,7 +192,7 @@ QUALITY_PLANS: dict[str, QualityPlan] = {
     ),
     "prefix-on": QualityPlan(questions=40, sweep="prefix", max_tokens=16),
     # The same 200 questions, settings and order read by the 0.5B: the headline per reader,
-    # and the two readers paired question by question (bench.intervals).
+    # and the two readers paired question by question (bench.quality_report readers).
     "eval-qwen05": reader_headline(QWEN_GENERATOR),
     # And by the CPU default's SmolLM2-135M (eval-full asked it 40 questions, long answers).
     "eval-smollm2": reader_headline(SMOLLM2_GENERATOR),

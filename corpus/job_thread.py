@@ -1,12 +1,12 @@
 """The thread ingestion jobs run on: one, with a CPU priority below the query path's.
 
 On two cores, jobs at nice 10 still slowed queries under continuous ingestion: query p99
-2.22x that of quiet phases, the retriever's p50 about 2x (bench.ingestion run 3); under
-SCHED_IDLE, which gives the job only CPU time nothing else wants, p99 was 0.94x and the
-retriever unchanged (run 4). A likely reason: vLLM's CPU forward pass runs one OpenMP
-thread per core and waits at every barrier for the slowest, so a slice of either core taken
-by a job stalls the whole pass (bench.thread_contention, without the service, saw only
-1.04x from nice 10 on a two-thread pass). The priority is the thread's own (Linux
+2.22x that of quiet phases, the retriever's p50 about 2x (bench.ingestion run 3, in
+docs/retired.md); under SCHED_IDLE, which gives the job only CPU time nothing else wants,
+p99 was 0.94x and the retriever unchanged (run 4). A likely reason: vLLM's CPU forward pass
+runs one OpenMP thread per core and waits at every barrier for the slowest, so a slice of
+either core taken by a job stalls the whole pass (bench.thread_contention, without the
+service, saw only 1.04x from nice 10 on a two-thread pass). The priority is the thread's own (Linux
 schedules threads), so nothing else in the replica, such as listings answered on asyncio's
 default threads, is slowed or starved.
 """

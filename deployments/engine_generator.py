@@ -1,5 +1,5 @@
 """Generator deployment for the engines that run outside Ray Serve LLM: an OpenAI-compatible
-server elsewhere (`generation.openai_engine`), or the null engine of bench.overhead
+server elsewhere (`generation.openai_engine`), or the null engine (docs/retired.md, bench.overhead)
 (`generation.paced_engine`). The same typed, batched `generate` as the vLLM generator, so the
 ingress cannot tell them apart.
 """

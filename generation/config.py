@@ -21,8 +21,8 @@ class GeneratorReplicaConfig(ReplicaConfig):
 
 
 class PacedEngineConfig(StrictModel):
-    """A null engine for measuring the chain itself (bench.overhead): no model, tokens at a
-    fixed pace."""
+    """A null engine for measuring the chain itself (bench.chaos; the retired bench.overhead
+    in docs/retired.md): no model, tokens at a fixed pace."""
 
     ttft_ms: float = Field(50.0, ge=0, description="Time to the first token.")
     tpot_ms: float = Field(5.0, ge=0, description="Time between later tokens.")
@@ -103,7 +103,7 @@ class GeneratorConfig(StrictModel):
     engine: Literal["vllm", "openai", "paced"] = Field(
         "vllm",
         description="vllm (inside Ray, Ray Serve LLM); openai: an OpenAI-compatible server "
-        "outside Ray (see `openai`); paced: the null engine of bench.overhead.",
+        "outside Ray (see `openai`); paced: the null engine (bench.chaos' overload runs).",
     )
     openai: OpenAIEngineConfig | None = Field(
         None, description="The external server, for engine: openai."
@@ -114,7 +114,7 @@ class GeneratorConfig(StrictModel):
         ge=0,
         description="The generator sends its first token at once, then what accumulated at "
         "most every this many ms (one Ray object per batch, not per token); 0 sends each "
-        "token on its own. Chosen with bench.overhead (docs/benchmarks.md).",
+        "token on its own. Chosen with bench.overhead (docs/retired.md).",
     )
     cpu_binding: list[str] | None = Field(
         None,

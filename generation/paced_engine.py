@@ -1,5 +1,6 @@
 """A null engine: tokens at a fixed pace, no model. It stands in for vLLM when measuring
-what the serving chain itself costs (`python -m bench.overhead`)."""
+what the serving chain itself costs (bench.chaos' overload runs; the retired bench.overhead
+in docs/retired.md)."""
 
 from __future__ import annotations
 

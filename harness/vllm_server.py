@@ -1,5 +1,6 @@
-"""vLLM alone, as bench.overhead's vllm phase runs it: the `vllm serve` command and
-environment of the pipeline's generator, and the server's run (harness.service.running_server).
+"""vLLM alone (as the retired bench.overhead ran it, docs/retired.md): the `vllm serve`
+command and environment of the pipeline's generator, and the server's run
+(harness.service.running_server).
 
 The command carries the generator's model folder, served name, max_model_len and every
 engine_kwargs entry of the serve config, so vLLM alone runs the engine the pipeline runs.

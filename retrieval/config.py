@@ -33,7 +33,7 @@ class EmbeddingConfig(StrictModel):
 class HybridRetrievalConfig(StrictModel):
     """How the retriever ranks chunks: by embedding, by words (BM25), or both fused by
     weighted reciprocal rank fusion, score = sum_i w_i / (rrf_k + rank_i). Measured on SQuAD
-    dev by `python -m bench.retrieval_modes` (docs/quality.md, "Hybrid retrieval")."""
+    dev by bench.retrieval_modes (docs/retired.md, "Hybrid retrieval")."""
 
     mode: RetrievalMode = Field(
         "hybrid",

@@ -2,8 +2,9 @@
 
 Vectors are unit-normalised, so inner product is cosine similarity. `flat` is exact search
 (right for small collections); `hnsw` and `ivf` are approximate, for large ones; `auto` picks
-one of them from the number of chunks (`AUTO_TIERS`, measured by bench.retrieval_scale). On a
-machine where faiss sees a GPU, `flat` and `ivf` indexes are moved to it when asked.
+one of them from the number of chunks (`AUTO_TIERS`, measured by bench.retrieval_scale,
+docs/retired.md). On a machine where faiss sees a GPU, `flat` and `ivf` indexes are moved
+to it when asked.
 
 An approximate index's search breadth (`nprobe`, `ef_search`) is stored in the manifest when
 the build sets it, and applied on load; the retriever's config overrides it when set.
@@ -51,8 +52,8 @@ class IndexParams:
 
 
 # What `auto` builds, by collection size: the first tier whose bound (chunks, inclusive) holds
-# the collection; None is no bound. Measured by bench.retrieval_scale on one core
-# (docs/benchmarks.md, "Retrieval at scale"): exact search while it meets the 5 ms p50 goal
+# the collection; None is no bound. Measured by bench.retrieval_scale (docs/retired.md) on one core
+# (docs/retired.md, "Retrieval at scale"): exact search while it meets the 5 ms p50 goal
 # (2.6 ms at 50k chunks, 7.4 ms at 100k); above, HNSW. At 1M, efConstruction 100 (not faiss's
 # 40) lifts recall@10 at efSearch 256 from 0.96 to 0.99 for 1.7x the build time, and
 # efSearch 256 spends under half the budget (p50 1.4 ms) on margin over the cheapest setting

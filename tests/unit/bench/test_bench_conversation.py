@@ -11,7 +11,6 @@ import httpx
 import pytest
 
 from bench import conversation
-from bench.bootstrap import Interval
 from bench.conversation import RunSettings, run_pairs
 from bench.conversation_pairs import (
     build_pairs,
@@ -20,8 +19,9 @@ from bench.conversation_pairs import (
     make_pair,
     write_pairs,
 )
-from bench.labs import NO_DIFFERENCE, LabError, difference_label, require_loopback, sample_interval
+from bench.labs import LabError, require_loopback
 from bench.squad import SquadQuestion, load_squad
+from bench.stats import NO_DIFFERENCE, Interval, difference_verdict, one_sample, sample_mean
 
 URL = "http://127.0.0.1:8000"
 
@@ -475,16 +475,16 @@ def test_all_refuses_to_start_without_the_index(squad_file, tmp_path, capsys):
 def test_difference_label_says_no_detectable_difference_when_the_interval_holds_zero(
     low, high, label
 ):
-    assert difference_label(Interval((low + high) / 2, low, high, 100)) == label
-    assert difference_label(None) == NO_DIFFERENCE
+    assert difference_verdict(Interval((low + high) / 2, low, high, 100)) == label
+    assert difference_verdict(None) == NO_DIFFERENCE
 
 
 def test_sample_interval_of_a_proportion_brackets_it():
-    interval = sample_interval([1.0, 0.0] * 50)
+    interval = one_sample([1.0, 0.0] * 50, sample_mean)
     assert interval is not None
     assert interval.estimate == 0.5 and interval.n == 100
     assert 0.35 < interval.low < 0.5 < interval.high < 0.65
-    assert sample_interval([]) is None
+    assert one_sample([]) is None
 
 
 @pytest.mark.parametrize("url", ["http://127.0.0.1:8000", "http://localhost:1", "http://[::1]:8"])

@@ -356,6 +356,14 @@ def test_run_writes_json_markdown_and_plot_only_with_matplotlib(squad_cache, tmp
         "| none k=3",
         "| sentences@0.5 k=3",
         "| llmlingua@0.5 k=3",
+        # Then each point against none, paired on the questions both answered.
+        "| sentences@0.5 k=3 − none k=3",
+        "| llmlingua@0.5 k=3 − none k=3",
+    ]
+    assert rows[4].split(" | ")[1] == "2"  # llmlingua answered 2 of the 3 questions
+    assert [c["a"] for c in json.loads((out / "tiny.json").read_text())["comparisons"]] == [
+        "sentences@0.5 k=3",
+        "llmlingua@0.5 k=3",
     ]
     # sentences: F1 1.000, kept ratio 3/7 = 0.43, citation validity 1.000 over 1 answer
     assert "| 1.000 | 1.000 | 1.000 | 0.667 | 93 → 40 | 0.43 | 1.000 (1) | 60 | 600 |" in rows[1]

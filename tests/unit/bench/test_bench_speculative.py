@@ -8,8 +8,8 @@ import math
 
 import pytest
 
-from bench import speculative
-from bench.bootstrap import Interval
+from bench import speculative, stats
+from bench.stats import Interval
 
 
 def test_pick_questions_is_seeded_and_cycles_past_the_list():
@@ -23,8 +23,8 @@ def test_pick_questions_is_seeded_and_cycles_past_the_list():
 
 
 def test_tpot_excludes_the_first_token():
-    assert speculative.tpot_ms(100.0, 1100.0, 11) == pytest.approx(100.0)
-    assert speculative.tpot_ms(100.0, 100.0, 1) is None
+    assert stats.tpot(100.0, 1100.0, 11) == pytest.approx(100.0)
+    assert stats.tpot(100.0, 100.0, 1) is None
 
 
 def test_acceptance_is_accepted_over_drafted():
@@ -120,8 +120,9 @@ def test_report_step_writes_summary_from_saved_runs(tmp_path):
 
 
 def test_speedup_ci_leaves_out_pairs_without_a_tpot():
-    interval = speculative.speedup_ci([200.0, None, 300.0], [100.0, 50.0, None])
-    assert interval.n == 1 and interval.estimate == pytest.approx(2.0)
+    interval = speculative.speedup_ci([200.0, None, 300.0, 400.0], [100.0, 50.0, None, 200.0])
+    assert interval is not None and interval.n == 2 and interval.estimate == pytest.approx(2.0)
+    assert speculative.speedup_ci([200.0, None], [100.0, 50.0]) is None  # one pair: no interval
 
 
 def test_blocks_are_consecutive_slices_of_one_order():

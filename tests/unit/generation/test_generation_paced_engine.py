@@ -1,5 +1,5 @@
-"""generation.paced_engine.PacedEngine: the null engine of bench.overhead, max_tokens tokens at
-a fixed pace, and a FinishEvent whose usage counts them."""
+"""generation.paced_engine.PacedEngine: the null engine of bench.chaos' overload runs,
+max_tokens tokens at a fixed pace, and a FinishEvent whose usage counts them."""
 
 from __future__ import annotations
 

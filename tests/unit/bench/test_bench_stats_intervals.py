@@ -1,13 +1,30 @@
-"""bench.bootstrap: the estimate is the statistic on the data, the interval around it comes
+"""bench.stats' intervals: the estimate is the statistic on the data, the interval around it comes
 from seeded resamples, and a clear difference is told apart from none."""
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 
-from bench import bootstrap
-from bench.bootstrap import Interval, paired_ci, quantile, ratio_ci
+from bench.stats import (
+    NO_DIFFERENCE,
+    Interval,
+    difference_verdict,
+    fmt_interval,
+    fmt_ratio,
+    independent_ratio,
+    one_sample,
+    paired_ci,
+    paired_difference,
+    paired_ratio,
+    quantile,
+    ratio_ci,
+    ratio_verdict,
+    sample_mean,
+    sample_median,
+)
 
 RESAMPLES = 400
 
@@ -28,8 +45,8 @@ def test_quantile_is_numpys_percentile_and_named_after_it():
 
 def test_median_and_mean_statistics():
     values = np.array([1.0, 2.0, 9.0])
-    assert bootstrap.median(values) == 2.0
-    assert bootstrap.mean(values) == 4.0
+    assert sample_median(values) == 2.0
+    assert sample_mean(values) == 4.0
 
 
 def test_interval_contains_its_bounds_and_nothing_outside():
@@ -65,7 +82,7 @@ def test_ratio_with_another_statistic():
     a, b = sample(3, 50, 300, 30), sample(4, 50, 100, 10)
 
     p99 = ratio_ci(a, b, quantile(99), resamples=RESAMPLES, seed=0)
-    means = ratio_ci(a, b, bootstrap.mean, resamples=RESAMPLES, seed=0)
+    means = ratio_ci(a, b, sample_mean, resamples=RESAMPLES, seed=0)
 
     assert p99.estimate == pytest.approx(np.percentile(a, 99) / np.percentile(b, 99))
     assert means.estimate == pytest.approx(np.mean(a) / np.mean(b))
@@ -116,7 +133,7 @@ def test_paired_estimate_is_the_statistic_of_the_differences():
 
 def test_paired_mean_statistic():
     a, b = [3.0, 5.0, 10.0, 4.0], [1.0, 1.0, 1.0, 1.0]
-    interval = paired_ci(a, b, bootstrap.mean, resamples=RESAMPLES, seed=0)
+    interval = paired_ci(a, b, sample_mean, resamples=RESAMPLES, seed=0)
     assert interval.estimate == pytest.approx(4.5)
     assert interval.contains(4.5)
 
@@ -169,3 +186,78 @@ def test_paired_samples_of_unequal_length_are_an_error():
 
 def test_ratio_samples_may_differ_in_length():
     assert ratio_ci([2.0, 2.0, 2.0], [1.0], resamples=10).n == 1
+
+
+def test_paired_ratio_is_the_median_per_pair_ratio():
+    pairs = [(50.0, 100.0), (100.0, 200.0), (150.0, 300.0), (60.0, 120.0)]
+
+    interval = paired_ratio(pairs)
+
+    assert interval is not None
+    assert interval.estimate == pytest.approx(0.5)
+    assert interval.low == pytest.approx(0.5) and interval.high == pytest.approx(0.5)
+    assert interval.n == 4
+    assert ratio_verdict(interval) == "lower"
+
+
+def test_paired_ratio_leaves_out_missing_and_non_positive_sides():
+    pairs = [(2.0, 1.0), (None, 1.0), (2.0, None), (0.0, 1.0), (4.0, 2.0)]
+
+    interval = paired_ratio(pairs)
+
+    assert interval is not None and interval.n == 2
+    assert interval.estimate == pytest.approx(2.0)
+    assert ratio_verdict(interval) == "higher"
+
+
+def test_fewer_than_two_values_give_no_interval():
+    assert paired_ratio([(1.0, 2.0)]) is None
+    assert independent_ratio([1.0], [1.0, 2.0]) is None
+    assert one_sample([3.0]) is None
+    assert paired_difference([(1.0, 0.0)]) is None
+    assert fmt_ratio(None, 1) == "n = 1: no interval"
+    assert ratio_verdict(None) == "no interval"
+
+
+def test_independent_ratio_is_the_ratio_of_the_medians():
+    a, b = [10.0, 12.0, 14.0], [5.0, 6.0, 100.0]
+
+    interval = independent_ratio(a, b)
+
+    assert interval is not None
+    assert interval.estimate == pytest.approx(12.0 / 6.0)
+    assert interval.low <= interval.estimate <= interval.high
+
+
+def test_one_sample_median_and_mean():
+    values = [1.0, 2.0, 3.0, 4.0, 100.0]
+
+    middle = one_sample(values)
+    average = one_sample([0.0, 1.0, 1.0, 0.0], sample_mean)
+
+    assert middle is not None and middle.estimate == 3.0 and middle.n == 5
+    assert average is not None and average.estimate == 0.5
+    assert 0.0 <= average.low <= average.high <= 1.0
+
+
+def test_one_sample_skips_none_and_nan():
+    interval = one_sample([1.0, None, math.nan, 3.0])
+
+    assert interval is not None and interval.n == 2 and interval.estimate == 2.0
+
+
+def test_paired_difference_of_identical_scores_holds_zero():
+    same = paired_difference([(1.0, 1.0), (0.0, 0.0), (1.0, 1.0)])
+    worse = paired_difference([(0.0, 1.0)] * 10 + [(1.0, 1.0)] * 10)
+
+    assert same is not None and same.estimate == 0.0
+    assert difference_verdict(same) == NO_DIFFERENCE
+    assert worse is not None and worse.estimate == pytest.approx(-0.5)
+    assert difference_verdict(worse) == "lower"
+
+
+def test_formats():
+    assert fmt_ratio(Interval(0.81, 0.69, 0.83, 6)) == "0.81x [0.69, 0.83]"
+    assert fmt_ratio(Interval(1.05, 0.85, 1.39, 4)) == f"1.05x [0.85, 1.39]: {NO_DIFFERENCE}"
+    assert fmt_interval(Interval(0.8, 0.7, 0.88, 120)) == "0.800 [0.700, 0.880] (n=120)"
+    assert fmt_interval(None) == "-"

@@ -1,5 +1,0 @@
-import sys
-
-from bench.ingestion.run import main
-
-sys.exit(main())

@@ -1,0 +1,84 @@
+"""bench.quality_report: paired comparisons by question, on hand-made runs whose answers are
+known, and bench.tables' one renderer."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from bench import quality_report
+from bench.stats import NO_DIFFERENCE
+from bench.tables import markdown_table
+
+
+def result(point: str, question: str, f1: float, ttft: float, error: str | None = None) -> dict:
+    return {"point": point, "question_id": question, "f1": f1, "exact_match": f1,
+            "answer_survived": True, "recall": 1.0, "ttft_ms": ttft, "error": error}  # fmt: skip
+
+
+POINTS = [
+    {"name": "none k=3", "method": "none", "top_k": 3},
+    {"name": "sentences@0.5 k=3", "method": "sentences", "top_k": 3},
+    {"name": "llmlingua@0.5 k=5", "method": "llmlingua", "top_k": 5},  # no none at k=5
+]
+
+
+def test_each_point_is_paired_with_none_at_its_k_on_the_questions_both_answered():
+    results = [result("none k=3", f"q{i}", 1.0, 200.0) for i in range(10)]
+    results += [result("sentences@0.5 k=3", f"q{i}", 0.0 if i < 5 else 1.0, 100.0)
+                for i in range(10)]  # fmt: skip
+    results.append(result("sentences@0.5 k=3", "q10", 1.0, 100.0))  # none never answered it
+    results[0]["error"] = "HTTP 503"  # q0 failed under none: left out of the pairs
+
+    rows = quality_report.against_none(results, POINTS)
+
+    assert [(r["a"], r["b"]) for r in rows] == [("sentences@0.5 k=3", "none k=3")]
+    row = rows[0]
+    assert row["n"] == 9
+    assert row["F1"].estimate == pytest.approx(-4 / 9)
+    assert row["F1"].high < 0  # lower, and told so
+    assert row["TTFT"].estimate == pytest.approx(0.5)
+    assert row["answer kept"].estimate == 0.0
+    text = quality_report.comparisons_markdown(rows)
+    assert "sentences@0.5 k=3 − none k=3 | 9 |" in text
+    assert ": lower" in text and NO_DIFFERENCE in text and "0.50x" in text
+    assert json.dumps(quality_report.jsonable(rows))  # every interval became data
+
+
+def test_the_prefix_report_pairs_questions_and_averages_two_runs_a_side(tmp_path: Path):
+    ttfts = {"off-1": 1000.0, "on-1": 600.0, "on-2": 400.0, "off-2": 1000.0}
+    for run, ttft in ttfts.items():
+        folder = tmp_path / run
+        folder.mkdir()
+        doc = {"results": [result("p", f"q{i}", 1.0, ttft + i) for i in range(6)]}
+        (folder / quality_report.PREFIX_FILE).write_text(json.dumps(doc))
+
+    assert quality_report.main(["prefix", str(tmp_path)]) == 0
+
+    data = json.loads((tmp_path / "prefix.json").read_text())
+    assert data["n"] == 6
+    both = data["ratios"]["on / off (mean of two runs a side)"]
+    assert both["estimate"] == pytest.approx(0.5, abs=0.01)
+    assert data["ratios"]["on-1 / off-1"]["high"] < 1
+
+
+def test_the_reader_report_compares_f1_on_shared_questions():
+    stronger = {"results": [result("none k=5", f"q{i}", 1.0, 1.0) for i in range(8)]}
+    weaker = {"results": [result("none k=5", f"q{i}", 0.0, 1.0) for i in range(4)]}
+
+    text, data = quality_report.reader_report(stronger, weaker, ["none k=5"])
+
+    assert data["none k=5"]["n"] == 4
+    assert data["none k=5"]["difference"]["estimate"] == 1.0
+    assert data["none k=5"]["verdict"] == "higher"
+    assert "| none k=5 | 4 |" in text
+
+
+def test_markdown_table_aligns_numbers_and_escapes_pipes():
+    text = markdown_table(["name", "n"], [["a|b", 3]], numeric=(1,))
+
+    assert text.splitlines() == ["| name | n |", "| --- | ---: |", "| a\\|b | 3 |"]
+    with pytest.raises(ValueError):
+        markdown_table(["name", "n"], [["only one cell"]])
