@@ -47,9 +47,9 @@ from typing import Any
 
 import yaml
 
+from advisor.floors import EngineSettings, Workload, compute_floors
+from advisor.hardware import GPUS, MODELS, WEIGHT_BYTES_PER_PARAM, gpu_preset, model_preset
 from app.config import RagAppConfig, parse_config
-from bench.floors import EngineSettings, Workload, compute_floors
-from bench.hardware import GPUS, MODELS, WEIGHT_BYTES_PER_PARAM, gpu_preset, model_preset
 from bench.loadgen import RequestRecord, RequestSpec, make_client, run_load
 from bench.stats import tpot_ms
 from harness.service import ServiceError, started_service
