@@ -109,9 +109,9 @@ gpu-costs: install
 		--scorer xlm-roberta-large --scorer-dtype float32 --rate 0.5
 
 # GPU machine only (gpu extra, NVIDIA GPU, model hub): start serve_config.gpu.yaml, probe it,
-# stop it. docs/gpu-profile.md
+# stop it, and set the advisor's floors beside what it measured. docs/gpu-profile.md
 gpu-smoke:
-	HF_HUB_OFFLINE=0 TRANSFORMERS_OFFLINE=0 $(BIN)/python -m scripts.gpu_smoke \
+	HF_HUB_OFFLINE=0 TRANSFORMERS_OFFLINE=0 $(BIN)/python -m bench.gpu_smoke \
 		--index-path indexes/default --out bench-results/gpu-smoke.json
 
 run: setup

@@ -78,6 +78,18 @@ def test_the_advisor_imports_no_lab_no_service_no_ray_and_no_web_framework(path)
     assert not imported & {"bench", "app", "deployments", "ray", "fastapi", "starlette"}
 
 
+@pytest.mark.parametrize(
+    "path",
+    [p for package in ("app", "pipeline", *STAGE_PACKAGES, "deployments", "harness", "scripts",
+                       "advisor", "monitoring")
+     for p in modules(package)],
+    ids=lambda p: f"{p.parent.name}/{p.name}",
+)  # fmt: skip
+def test_only_the_labs_import_the_labs(path):
+    # bench is a lab of experiments: what users run or deploy depends on none of it.
+    assert "bench" not in imported_packages(path)
+
+
 @pytest.mark.parametrize("path", modules("harness"), ids=lambda p: p.name)
 def test_the_service_harness_imports_no_benchmark(path):
     # Tests start services through it; a lab is not something a test should depend on.

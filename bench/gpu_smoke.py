@@ -1,6 +1,6 @@
 """One command for a GPU machine: start the GPU profile, probe it, print TTFT, TPOT and cache hits.
 
-    python -m scripts.gpu_smoke --index-path indexes/default [--out bench-results/gpu-smoke.json]
+    python -m bench.gpu_smoke --index-path indexes/default [--out bench-results/gpu-smoke.json]
         [--config serve_config.gpu.yaml] [--accelerator-type L4] [--gpu l4] [--max-tokens 64]
 
 It needs an NVIDIA GPU (`nvidia-smi`), the `gpu` extra in this environment (`pip install -e
@@ -330,7 +330,7 @@ def ensure_index(index_path: Path, corpus: Path, config: RagAppConfig) -> bool:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m scripts.gpu_smoke", description=__doc__.splitlines()[0]
+        prog="python -m bench.gpu_smoke", description=__doc__.splitlines()[0]
     )
     parser.add_argument(
         "--index-path",
