@@ -17,7 +17,7 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export RAY_USAGE_STATS_ENABLED := 0
 
-.PHONY: setup install models models-qwen models-qwen15 index browser prometheus monitor dashboard kuberay-manifest gpu-costs gpu-smoke run test lint unit integration reliability chaos bench bench-reuse bench-prefix bench-speculative bench-quick eval eval-quick eval-chat stop clean
+.PHONY: setup install models models-qwen models-qwen15 index browser prometheus monitor dashboard kuberay-manifest advise gpu-costs gpu-smoke run test lint unit integration reliability chaos bench bench-reuse bench-prefix bench-speculative bench-quick eval eval-quick eval-chat stop clean
 
 setup: install models index
 
@@ -95,15 +95,23 @@ dashboard: install
 kuberay-manifest: install
 	$(BIN)/python -m scripts.kuberay_manifest
 
+# The bottleneck advisor (advisor/, also `rag-advisor`): roofline floors of one model, GPU and
+# workload and what each technique would gain. By default the GPU profile's case worked in
+# docs/benchmarks.md ("The bottleneck advisor"); another with ADVISE_ARGS="--model ... --gpu ...".
+ADVISE_ARGS ?= --model llama-3-8b --gpu l4 --quantization awq --prompt-tokens 1500 \
+	--cached-tokens 256 --output-tokens 200 --concurrency 16
+advise: install
+	$(BIN)/python -m advisor $(ADVISE_ARGS)
+
 # The GPU profile's predicted compression cost model (serve_config.gpu.yaml holds its output).
 gpu-costs: install
-	$(BIN)/python -m bench.compression_costs --model llama-3-8b --gpu l4 --quantization awq \
+	$(BIN)/python -m advisor.compression_costs --model llama-3-8b --gpu l4 --quantization awq \
 		--scorer xlm-roberta-large --scorer-dtype float32 --rate 0.5
 
 # GPU machine only (gpu extra, NVIDIA GPU, model hub): start serve_config.gpu.yaml, probe it,
-# stop it. docs/gpu-profile.md
+# stop it, and set the advisor's floors beside what it measured. docs/gpu-profile.md
 gpu-smoke:
-	HF_HUB_OFFLINE=0 TRANSFORMERS_OFFLINE=0 $(BIN)/python -m scripts.gpu_smoke \
+	HF_HUB_OFFLINE=0 TRANSFORMERS_OFFLINE=0 $(BIN)/python -m bench.gpu_smoke \
 		--index-path indexes/default --out bench-results/gpu-smoke.json
 
 run: setup

@@ -10,7 +10,7 @@ Questions are taken in order, cycling, from FILE (one per line) or from a built-
 LLM serving that the default corpus in data/corpus/ answers. Writes DIR/<label>.json
 (config, per-request records, summary), DIR/<label>.md (the summary table, also printed)
 and DIR/<label>.advisor.json ({ttft_ms: p50, tpot_ms: p50, output_tokens_per_s}) for
-`python -m bench.advisor --bench-result`. Exits 1 when no request succeeded. The API key is
+`python -m advisor --bench-result`. Exits 1 when no request succeeded. The API key is
 never written to the outputs. Definitions of every figure are in bench/stats.py.
 """
 

@@ -212,7 +212,7 @@ def summarize(
 
 
 def advisor_figures(summary: Summary) -> dict[str, float]:
-    """{ttft_ms: p50, tpot_ms: p50, output_tokens_per_s} for `bench.advisor --bench-result`;
+    """{ttft_ms: p50, tpot_ms: p50, output_tokens_per_s} for `python -m advisor --bench-result`;
     keys without a positive figure are left out, since the advisor refuses them."""
     figures = {
         "ttft_ms": summary.ttft_ms.p50 if summary.ttft_ms else None,

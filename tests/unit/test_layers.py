@@ -62,12 +62,32 @@ def test_stages_and_the_pipeline_import_no_ray_no_web_framework_and_no_app(path)
 
 @pytest.mark.parametrize(
     "path",
-    [p for package in ("app", "pipeline", *STAGE_PACKAGES, "bench", "scripts", "harness")
+    [p for package in ("app", "pipeline", *STAGE_PACKAGES, "bench", "scripts", "harness", "advisor")
      for p in modules(package)],
     ids=lambda p: f"{p.parent.name}/{p.name}",
 )  # fmt: skip
 def test_nothing_imports_the_ray_wiring(path):
     assert "deployments" not in imported_packages(path)
+
+
+@pytest.mark.parametrize("path", modules("advisor"), ids=lambda p: p.name)
+def test_the_advisor_imports_no_lab_no_service_no_ray_and_no_web_framework(path):
+    # A user's tool of plain arithmetic: bench's labs and GPU check import it, never the reverse.
+    imported = imported_packages(path)
+
+    assert not imported & {"bench", "app", "deployments", "ray", "fastapi", "starlette"}
+
+
+@pytest.mark.parametrize(
+    "path",
+    [p for package in ("app", "pipeline", *STAGE_PACKAGES, "deployments", "harness", "scripts",
+                       "advisor", "monitoring")
+     for p in modules(package)],
+    ids=lambda p: f"{p.parent.name}/{p.name}",
+)  # fmt: skip
+def test_only_the_labs_import_the_labs(path):
+    # bench is a lab of experiments: what users run or deploy depends on none of it.
+    assert "bench" not in imported_packages(path)
 
 
 @pytest.mark.parametrize("path", modules("harness"), ids=lambda p: p.name)

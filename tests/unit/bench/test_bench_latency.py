@@ -16,8 +16,8 @@ from typing import Any
 import httpx
 import pytest
 
+from advisor.cli import load_bench_result
 from bench import latency
-from bench.advisor import load_bench_result
 from bench.loadgen import (
     RequestRecord,
     RequestSpec,

@@ -1,4 +1,4 @@
-"""bench.floors and the bench.hardware presets it reads: the floors against values worked out
+"""advisor.floors and the advisor.hardware presets it reads: the floors against values worked out
 by hand.
 
 Every expected number is computed in the comment beside it from datasheet figures and config
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from bench.floors import (
+from advisor.floors import (
     COMPUTE_BOUND_DECODE,
     COMPUTE_BOUND_PREFILL,
     MEMORY_BOUND_DECODE,
@@ -27,7 +27,7 @@ from bench.floors import (
     speculative_speedup,
     weight_bytes,
 )
-from bench.hardware import GPUS, MODELS, GpuSpec, ModelSpec, gpu_preset, model_preset
+from advisor.hardware import GPUS, MODELS, GpuSpec, ModelSpec, gpu_preset, model_preset
 
 LLAMA_8B = MODELS["llama-3-8b"]
 L4 = GPUS["l4"]

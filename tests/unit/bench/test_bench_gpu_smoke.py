@@ -1,4 +1,4 @@
-"""scripts/gpu_smoke.py: everything that runs without a GPU.
+"""bench/gpu_smoke.py: everything that runs without a GPU.
 
 The refusal on a machine without a GPU or the gpu extra, the config it starts, the probes it
 sends, the table and the JSON it writes. The GPU, `serve run` and the HTTP client are faked
@@ -17,12 +17,8 @@ import pytest
 import yaml
 
 from app.config import parse_config
-from bench.loadgen import RequestRecord, request_body
-from harness.service import RunningService
-from pipeline.config_base import PROJECT_ROOT
-from prepare.cost_model import CompressionCostModel, CompressorCost, PrefillCost
-from scripts import gpu_smoke
-from scripts.gpu_smoke import (
+from bench import gpu_smoke
+from bench.gpu_smoke import (
     Predictor,
     Preflight,
     accelerator_matches,
@@ -33,6 +29,10 @@ from scripts.gpu_smoke import (
     refusal,
     smoke_document,
 )
+from bench.loadgen import RequestRecord, request_body
+from harness.service import RunningService
+from pipeline.config_base import PROJECT_ROOT
+from prepare.cost_model import CompressionCostModel, CompressorCost, PrefillCost
 
 GPU_EXTRA = {"vllm", "faiss-gpu-cu12", "ray"}
 L4_LINE = "NVIDIA L4, 23034 MiB"

@@ -1,6 +1,6 @@
 """GPU and model presets for the bottleneck advisor: datasheet figures and config shapes.
 
-Plain data, no arithmetic beyond lookups: `bench.floors` turns these into floors. Memory sizes
+Plain data, no arithmetic beyond lookups: `advisor.floors` turns these into floors. Memory sizes
 are the datasheet's decimal gigabytes (24 GB -> 24e9 bytes); the device usually reports a bit
 more (an "80 GB" H100 shows ~85e9 bytes), so fits computed from these are slightly conservative.
 """

@@ -1,17 +1,17 @@
-"""bench.recommendations: each technique's gain against values worked out by hand.
+"""advisor.recommendations: each technique's gain against values worked out by hand.
 
 Every expected number is computed in the comment beside it from datasheet figures and config
 shapes, not by calling the code under test; the floors they start from are worked out in
-test_bench_floors.py.
+test_advisor_floors.py.
 """
 
 from __future__ import annotations
 
 import pytest
 
-from bench.floors import EngineSettings, TechniqueSettings, Workload
-from bench.hardware import GPUS, MODELS, GpuSpec, ModelSpec
-from bench.recommendations import Recommendation, recommend
+from advisor.floors import EngineSettings, TechniqueSettings, Workload
+from advisor.hardware import GPUS, MODELS, GpuSpec, ModelSpec
+from advisor.recommendations import Recommendation, recommend
 
 LLAMA_8B = MODELS["llama-3-8b"]
 L4 = GPUS["l4"]
@@ -33,7 +33,7 @@ def recommendation(recommendations: list[Recommendation], prefix: str) -> Recomm
 
 
 def test_weight_quantization_gain_is_the_step_bytes_ratio():
-    # Before: 16,204,179,200 B per step (see the L4 floors in test_bench_floors.py).
+    # Before: 16,204,179,200 B per step (see the L4 floors in test_advisor_floors.py).
     # AWQ: 5,591,009,728 + 144,179,200 = 5,735,188,928 B -> x2.82539.
     recs = recommend(LLAMA_8B, L4, Workload(1000, 200), EngineSettings(), TechniqueSettings())
     awq = recommendation(recs, "weight quantization to awq")
@@ -78,7 +78,7 @@ def test_prompt_compression_gain_counts_prefill_and_decode():
 
 
 def test_more_replicas_when_concurrency_exceeds_what_fits():
-    # 150 fit (the toy case in test_bench_floors.py), 400 wanted -> ceil(400 / 150) = 3 replicas.
+    # 150 fit (the toy case in test_advisor_floors.py), 400 wanted -> ceil(400 / 150) = 3 replicas.
     engine = EngineSettings(gpu_memory_utilization=0.5, activation_reserve_bytes=1e9)
     workload = Workload(600, 400, concurrency=400)
     recs = recommend(TOY_MODEL, TOY_GPU, workload, engine, TechniqueSettings())

@@ -1,4 +1,4 @@
-"""bench.compression_costs: the GPU profile's predicted cost model, and the profile holding it.
+"""advisor.compression_costs: the GPU profile's predicted cost model, and the profile holding it.
 
 Expected numbers are worked out by hand in the comments beside them, from the datasheet
 figures and config shapes, not by calling the code under test. The profile's
@@ -14,8 +14,7 @@ import shlex
 import pytest
 import yaml
 
-from app.config import parse_config
-from bench.compression_costs import (
+from advisor.compression_costs import (
     COMMAND,
     HostCosts,
     Inputs,
@@ -24,6 +23,7 @@ from bench.compression_costs import (
     predict,
     verdict,
 )
+from app.config import parse_config
 from pipeline.config_base import PROJECT_ROOT
 from prepare.cost_model import CompressionCostModel, CompressorCost, PrefillCost
 
@@ -196,7 +196,7 @@ def test_the_host_figures_can_be_measured_with_the_stand_in_scorer():
     cache = PROJECT_ROOT / ".cache" / "tiktoken"
     if not cache.is_dir():
         pytest.skip("run `make models` first")
-    from bench.compression_costs import corpus_words, measure_host
+    from advisor.compression_costs import corpus_words, measure_host
 
     measured = measure_host(cache, corpus_words(PROJECT_ROOT / "data" / "corpus"), (50, 150), 2)
 

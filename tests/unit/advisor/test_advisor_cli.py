@@ -1,7 +1,7 @@
-"""bench.advisor: the report, measured figures beside their floors, and the CLI.
+"""advisor.cli: the report, measured figures beside their floors, and the CLI.
 
-The floors themselves are checked against hand-worked values in test_bench_floors.py, the
-techniques' gains in test_bench_recommendations.py.
+The floors themselves are checked against hand-worked values in test_advisor_floors.py, the
+techniques' gains in test_advisor_recommendations.py.
 """
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from bench.advisor import advise, load_bench_result, main
-from bench.floors import MEMORY_BOUND_DECODE, Workload
-from bench.hardware import GPUS, MODELS
+from advisor.cli import advise, load_bench_result, main
+from advisor.floors import MEMORY_BOUND_DECODE, Workload
+from advisor.hardware import GPUS, MODELS
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 LLAMA_8B = MODELS["llama-3-8b"]
@@ -31,7 +31,7 @@ def test_bench_result_is_joined_with_ratios(tmp_path):
     path.write_text(json.dumps({"tpot_ms": 108.02786133333333, "output_tokens_per_s": 9.0}))
     report = advise(LLAMA_8B, L4, Workload(1000, 200), measured=load_bench_result(path))
     measured = {m.metric: m for m in report.measured}
-    # TPOT floor 54.01393 ms (the L4 floors in test_bench_floors.py) -> ratio 2.0;
+    # TPOT floor 54.01393 ms (the L4 floors in test_advisor_floors.py) -> ratio 2.0;
     # ceiling 18.51374 tokens/s -> 9 / 18.51374.
     assert measured["tpot_ms"].ratio == close(2.0)
     assert measured["output_tokens_per_s"].bound_kind == "ceiling"
@@ -112,7 +112,7 @@ def test_cli_rejects_an_incomplete_custom_model(capsys):
 
 def test_module_runs_as_a_script():
     result = subprocess.run(
-        [sys.executable, "-m", "bench.advisor", *CLI_ARGS, "--json"],
+        [sys.executable, "-m", "advisor", *CLI_ARGS, "--json"],
         cwd=REPO_ROOT,
         capture_output=True,
         text=True,

@@ -1,15 +1,15 @@
 """The compression cost model of a GPU profile, predicted before any GPU has run it.
 
-    python -m bench.compression_costs --model llama-3-8b --gpu l4 --quantization awq \\
+    python -m advisor.compression_costs --model llama-3-8b --gpu l4 --quantization awq \\
         --scorer xlm-roberta-large --scorer-dtype float32 --rate 0.5
-    python -m bench.compression_costs --measure-host [--repeats 20]
+    python -m advisor.compression_costs --measure-host [--repeats 20]
 
 The first prints the `policy` and `cost_model` of serve_config's `compression` section, as
 YAML, with the arithmetic in comments; the second measures the host-side figures it uses.
 `python -m bench.context_sweep` fits the same coefficients from measurements; this is its
 prediction, to start from until a GPU machine runs the sweep. Predicted, not measured:
 
-- generator prefill per uncached token: the advisor's prefill compute floor (bench.floors:
+- generator prefill per uncached token: the advisor's prefill compute floor (advisor.floors:
   2 x params / peak FLOP/s), and per token squared the attention FLOPs that floor leaves out
   (causal QK^T and AV over half the n x n scores: 2 x layers x hidden x n^2 / peak);
 - LLMLingua-2 per chunk: one forward of the scorer over a 512-token window (llmlingua 0.2.2
@@ -39,8 +39,8 @@ from typing import Any
 import numpy as np
 import yaml
 
-from bench.floors import prefill_floors_s, weight_bytes
-from bench.hardware import (
+from advisor.floors import prefill_floors_s, weight_bytes
+from advisor.hardware import (
     GB,
     GPUS,
     MODELS,
@@ -54,7 +54,7 @@ from bench.hardware import (
 from prepare.cost_model import CompressionCostModel, CompressorCost, PrefillCost
 
 ROOT = Path(__file__).resolve().parent.parent
-COMMAND = "python -m bench.compression_costs"
+COMMAND = "python -m advisor.compression_costs"
 SCORER_DTYPE_BYTES: dict[str, float] = {"float32": 4.0, "bfloat16": 2.0}
 # Dense FP32 peaks (CUDA cores) from the vendor datasheets: torch runs float32 matmuls at
 # full precision unless told otherwise (float32_matmul_precision "highest", no TF32). The
@@ -69,7 +69,7 @@ FP32_TFLOPS: dict[str, float] = {
 
 # Host work of one LLMLingua-2 call with the scorer's forward pass taken out, measured with
 # the stand-in scorer (scripts.llmlingua2_standin) on the 2-core CPU this project is
-# developed on: `python -m bench.compression_costs --measure-host --repeats 20`, three runs
+# developed on: `python -m advisor.compression_costs --measure-host --repeats 20`, three runs
 # (each 20 calls at each of 6 chunk lengths, 52-404 cl100k tokens) fitted 4.8, 6.0 and
 # 5.8 ms per call and 0.0125, 0.0089 and 0.0141 ms per token; these are the medians. A GPU
 # server's CPU is usually faster.
@@ -119,7 +119,7 @@ class HostCosts:
 
 @dataclass(frozen=True)
 class Inputs:
-    """What a prediction is for, as the command line names it: presets of bench.hardware
+    """What a prediction is for, as the command line names it: presets of advisor.hardware
     (model, GPU, weight format) and SCORERS, the scorer's dtype, the profile's rate (which
     decides the policy, not the coefficients) and the host's figures."""
 

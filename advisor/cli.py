@@ -1,8 +1,11 @@
 """Bottleneck advisor for LLM serving: roofline floors for one model, GPU and workload.
 
-    python -m bench.advisor --model llama-3-8b --gpu l4 --quantization awq \\
+    python -m advisor --model llama-3-8b --gpu l4 --quantization awq \\
         --prompt-tokens 2000 --output-tokens 200 --concurrency 16 [--cached-tokens 256] \\
         [--json] [--bench-result result.json]
+
+The installed console script `rag-advisor` takes the same arguments; `make advise` runs the
+GPU profile's case (1,500 prompt tokens, 256 of them cached; docs/benchmarks.md).
 
 From datasheet figures alone it gives the weight and KV-cache bytes, how many sequences fit,
 the decode floor per step (bytes read / bandwidth, or FLOPs / peak when that is larger), the
@@ -11,9 +14,10 @@ arithmetic intensity against the GPU's ridge point, which of the bottlenecks the
 and what each of this project's techniques would gain by the same arithmetic. Floors are lower
 bounds: real kernels reach 60-90% of bandwidth, and scheduling adds more on top.
 
-The arithmetic lives in `bench.floors` and the per-technique gains in `bench.recommendations`;
-this module joins them into a `Report` (`advise`), sets measured figures from a bench result
-beside their floors, formats the report as text, and is the CLI.
+The arithmetic lives in `advisor.floors` and the per-technique gains in
+`advisor.recommendations`; this module joins them into a `Report` (`advise`), sets measured
+figures from a bench result beside their floors, formats the report as text, and is the CLI
+(`main`, run by `python -m advisor` and the `rag-advisor` console script).
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from bench.floors import (
+from advisor.floors import (
     EngineSettings,
     Floors,
     TechniqueSettings,
@@ -33,7 +37,7 @@ from bench.floors import (
     classify,
     compute_floors,
 )
-from bench.hardware import (
+from advisor.hardware import (
     GB,
     GPUS,
     KV_BYTES_PER_ELEMENT,
@@ -45,7 +49,7 @@ from bench.hardware import (
     gpu_preset,
     model_preset,
 )
-from bench.recommendations import Recommendation, recommend
+from advisor.recommendations import Recommendation, recommend
 
 BENCH_RESULT_KEYS = ("ttft_ms", "tpot_ms", "output_tokens_per_s")
 
@@ -202,9 +206,7 @@ def format_report(report: Report) -> str:
 
 def build_parser() -> argparse.ArgumentParser:
     """The CLI's arguments; a preset plus any overrides, or a model and GPU given by numbers."""
-    parser = argparse.ArgumentParser(
-        prog="python -m bench.advisor", description=__doc__.splitlines()[0]
-    )
+    parser = argparse.ArgumentParser(prog="python -m advisor", description=__doc__.splitlines()[0])
     parser.add_argument("--model", help=f"preset: {', '.join(MODELS)}")
     parser.add_argument("--params", type=float, help="parameter count, e.g. 8.03e9")
     parser.add_argument("--layers", type=int)
@@ -300,7 +302,3 @@ def _gpu_from_args(args: argparse.Namespace) -> GpuSpec:
 
 def _scaled(value: float | None, unit: float) -> float | None:
     return None if value is None else value * unit
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -1,4 +1,4 @@
-"""What each of this project's techniques would gain, by the arithmetic of `bench.floors`.
+"""What each of this project's techniques would gain, by the arithmetic of `advisor.floors`.
 
 Holds `Recommendation` and `recommend`, which recomputes the floors with one setting changed
 per technique (weight quantization, KV-cache fp8, speculative decoding, prompt compression,
@@ -12,7 +12,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from bench.floors import (
+from advisor.floors import (
     PREFILL_BOUND,
     EngineSettings,
     Floors,
@@ -23,7 +23,7 @@ from bench.floors import (
     speculative_expected_tokens,
     speculative_speedup,
 )
-from bench.hardware import GB, KV_BYTES_PER_ELEMENT, WEIGHT_BYTES_PER_PARAM, GpuSpec, ModelSpec
+from advisor.hardware import GB, KV_BYTES_PER_ELEMENT, WEIGHT_BYTES_PER_PARAM, GpuSpec, ModelSpec
 
 # A technique is recommended when the model says it gains at least this factor.
 MIN_USEFUL_SPEEDUP = 1.1

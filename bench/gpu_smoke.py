@@ -1,6 +1,6 @@
 """One command for a GPU machine: start the GPU profile, probe it, print TTFT, TPOT and cache hits.
 
-    python -m scripts.gpu_smoke --index-path indexes/default [--out bench-results/gpu-smoke.json]
+    python -m bench.gpu_smoke --index-path indexes/default [--out bench-results/gpu-smoke.json]
         [--config serve_config.gpu.yaml] [--accelerator-type L4] [--gpu l4] [--max-tokens 64]
 
 It needs an NVIDIA GPU (`nvidia-smi`), the `gpu` extra in this environment (`pip install -e
@@ -47,9 +47,9 @@ from typing import Any
 
 import yaml
 
+from advisor.floors import EngineSettings, Workload, compute_floors
+from advisor.hardware import GPUS, MODELS, WEIGHT_BYTES_PER_PARAM, gpu_preset, model_preset
 from app.config import RagAppConfig, parse_config
-from bench.floors import EngineSettings, Workload, compute_floors
-from bench.hardware import GPUS, MODELS, WEIGHT_BYTES_PER_PARAM, gpu_preset, model_preset
 from bench.loadgen import RequestRecord, RequestSpec, make_client, run_load
 from bench.stats import tpot_ms
 from harness.service import ServiceError, started_service
@@ -330,7 +330,7 @@ def ensure_index(index_path: Path, corpus: Path, config: RagAppConfig) -> bool:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m scripts.gpu_smoke", description=__doc__.splitlines()[0]
+        prog="python -m bench.gpu_smoke", description=__doc__.splitlines()[0]
     )
     parser.add_argument(
         "--index-path",

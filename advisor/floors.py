@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from bench.hardware import (
+from advisor.hardware import (
     GB,
     KV_BYTES_PER_ELEMENT,
     UNQUANTIZED_BYTES_PER_PARAM,
