@@ -42,6 +42,7 @@ import httpx
 
 from app.config import parse_config
 from bench import outcomes, stats
+from bench.client import warm_up
 from bench.cluster import NodeSpec, local_cluster
 from bench.loadgen import RequestRecord, RequestSpec, make_client, run_load
 from bench.questions import DEFAULT_QUESTIONS as QUESTIONS
@@ -155,15 +156,6 @@ def wait_replicas(
     return None
 
 
-def warm_up(base_url: str) -> None:
-    for question in QUESTIONS[:2]:
-        httpx.post(
-            f"{base_url}/v1/rag/query",
-            json={"question": question, "max_tokens": 8},
-            timeout=CLIENT_TIMEOUT_S,
-        )
-
-
 # --- scenarios ---------------------------------------------------------------------------
 
 
@@ -185,7 +177,7 @@ def run_overload(work: Path, seed: int, overrides: dict | None = None, label: st
     )
     limit = parse_config(first_application(config)[1]["args"]).in_flight_limit()
     with started_service(config, port, work / f"{name}.serve.log") as service:
-        warm_up(service.base_url)
+        warm_up(service.base_url, QUESTIONS[:2], 8, CLIENT_TIMEOUT_S, strict=False)
         capacity_records, capacity_ready, _ = asyncio.run(
             load(service.base_url, specs(2 * limit), concurrency=limit, seed=seed)
         )
@@ -222,7 +214,7 @@ def run_replica_kills(work: Path, seed: int) -> list[dict]:
     whole = {"retriever": 2, "compressor": 2, "generator": 2, "ingress": 2}
     results = []
     with started_service(config, port, work / "scale.serve.log") as service:
-        warm_up(service.base_url)
+        warm_up(service.base_url, QUESTIONS[:2], 8, CLIENT_TIMEOUT_S, strict=False)
         targets = [
             ("Retriever", "replica"),
             ("Compressor", "replica"),
@@ -304,7 +296,7 @@ def run_node_loss(work: Path, seed: int) -> dict:
         )
         if ready_s is None:
             raise RuntimeError(f"the app did not come up: {cluster.app_status()}")
-        warm_up(base_url)
+        warm_up(base_url, QUESTIONS[:2], 8, CLIENT_TIMEOUT_S, strict=False)
         before = cluster.placement()
         records, readiness, struck = asyncio.run(
             load(

@@ -36,20 +36,15 @@ from bench.citations_report import (
     score_reply,
     summarize,
 )
-from bench.labs import (
+from bench.client import (
     LabError,
     auth_headers,
     post_query,
     require_loopback,
-    squad_service,
-)
-from bench.outputs import (
-    label,
-    positive_float,
-    positive_int,
     with_client,
-    write_json_and_markdown,
 )
+from bench.labs import squad_service
+from bench.outputs import label, positive_float, positive_int, write_json_and_markdown
 from bench.quality import DEFAULT_INDEX_DIR, QualityError, check_ready
 from bench.squad import (
     DEFAULT_CACHE_DIR,

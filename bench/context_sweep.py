@@ -48,6 +48,7 @@ from typing import Any
 import httpx
 import numpy as np
 
+from bench.client import warm_up
 from bench.squad import DEFAULT_CACHE_DIR, SQUAD_DEV_FILENAME, load_squad, sample_questions
 from bench.stats import (
     Interval,
@@ -549,11 +550,6 @@ def run_phase(
     return records
 
 
-def _warm_up(url: str) -> None:
-    body = {"question": "What is a KV cache?", "max_tokens": 4, "top_k": 2}
-    httpx.post(f"{url}/v1/rag/query", json=body, timeout=600).raise_for_status()
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--lengths", type=int, nargs="+", default=[512, 1024, 2048, 4096])
@@ -703,7 +699,7 @@ def _run_service(
     port = free_port()
     config = write_variant(args.base_config, overrides, args.out / f"{phase}.serve.yaml", port)
     with running_service(config, port, args.out / f"{phase}.serve.log") as url:
-        _warm_up(url)
+        warm_up(url)
         return run_phase(url, requests, args.method, args.rate, args.max_tokens)
 
 

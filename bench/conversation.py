@@ -41,6 +41,13 @@ from typing import Any
 import httpx
 
 from app.schemas import RagQueryResponse
+from bench.client import (
+    LabError,
+    auth_headers,
+    post_query,
+    require_loopback,
+    with_client,
+)
 from bench.conversation_pairs import (
     HISTORY_NOTE,
     FollowUpPair,
@@ -51,20 +58,8 @@ from bench.conversation_pairs import (
     write_pairs,
 )
 from bench.conversation_report import render_markdown, summarize
-from bench.labs import (
-    LabError,
-    auth_headers,
-    post_query,
-    require_loopback,
-    squad_service,
-)
-from bench.outputs import (
-    label,
-    positive_float,
-    positive_int,
-    with_client,
-    write_json_and_markdown,
-)
+from bench.labs import squad_service
+from bench.outputs import label, positive_float, positive_int, write_json_and_markdown
 from bench.quality import DEFAULT_INDEX_DIR, QualityError, check_ready
 from bench.squad import DEFAULT_CACHE_DIR, SQUAD_DEV_FILENAME, SquadFormatError, load_squad
 from bench.squad_metrics import document_id

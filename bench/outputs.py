@@ -6,11 +6,8 @@ from __future__ import annotations
 import argparse
 import json
 import re
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
-
-import httpx
 
 T = TypeVar("T")
 
@@ -50,14 +47,3 @@ def write_json_and_markdown(
     markdown_path = out_dir / f"{stem}.md"
     markdown_path.write_text(markdown, encoding="utf-8")
     return [json_path, markdown_path]
-
-
-def with_client(
-    url: str, timeout_s: float, client: httpx.Client | None, run: Callable[[httpx.Client], T]
-) -> T:
-    """`run(client)`, or `run` with a client of its own for `url` (closed after). Proxy
-    settings from the environment are not used: the labs talk to this machine only."""
-    if client is not None:
-        return run(client)
-    with httpx.Client(base_url=url, timeout=timeout_s, trust_env=False) as own_client:
-        return run(own_client)

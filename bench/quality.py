@@ -44,17 +44,12 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from pydantic import ValidationError
 
 from app.schemas import RagQueryResponse
+from bench import client as service_client
 from bench import quality_report
-from bench.outputs import (
-    label,
-    positive_float,
-    positive_int,
-    with_client,
-    write_json_and_markdown,
-)
+from bench.client import post_query, with_client
+from bench.outputs import label, positive_float, positive_int, write_json_and_markdown
 from bench.squad import (
     DEFAULT_CACHE_DIR,
     SQUAD_DEV_FILENAME,
@@ -82,14 +77,11 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_INDEX_DIR = Path("indexes/squad-dev")
 CORPUS_FILENAME = "squad-dev.jsonl"
-QUERY_PATH = "/v1/rag/query"
-READY_PATH = "/readyz"
 # The ingress gives up at 120 s by default (ingress.request_timeout_s); allow for the hop.
 DEFAULT_TIMEOUT_S = 180.0
 # Bracketed citations, as bench.squad_metrics counts them; removed before EM/F1 so that a
 # correct answer is not penalised for citing its source.
 _CITATION = re.compile(r"\[[^\[\]\n]+\](?!\()")
-_ERROR_TEXT_CHARS = 500
 
 CommandRunner = Callable[..., "subprocess.CompletedProcess[Any]"]
 SquadFetcher = Callable[[Path], Path]
@@ -245,39 +237,17 @@ def query_question(
         "temperature": 0.0,
         "include_context": True,
     }
-    started = time.perf_counter()
-    try:
-        response = client.post(QUERY_PATH, json=body, headers=headers, timeout=timeout_s)
-    except httpx.HTTPError as exc:
-        result.error = f"{type(exc).__name__}: {exc}"
-        return result
-    finally:
-        result.client_ms = round((time.perf_counter() - started) * 1000, 1)
-    result.status_code = response.status_code
-    if response.status_code != 200:
-        result.error = f"HTTP {response.status_code}: {_error_text(response)}"
-        return result
-    try:
-        reply = RagQueryResponse.model_validate_json(response.content)
-    except ValidationError as exc:
-        result.error = f"malformed response: {exc.error_count()} problems, first {exc.errors()[0]}"
+    outcome = post_query(client, body, timeout_s, headers)
+    result.status_code, result.client_ms = outcome.status_code, outcome.client_ms
+    reply = outcome.reply
+    if reply is None:
+        result.error = outcome.error
         return result
     if reply.context is None:
         result.error = "response has no 'context'; the service ignores include_context"
         return result
     _score(result, reply, question, point)
     return result
-
-
-def _error_text(response: httpx.Response) -> str:
-    try:
-        payload = response.json()
-        message = payload["error"]["message"]
-        if isinstance(message, str):
-            return message[:_ERROR_TEXT_CHARS]
-    except (ValueError, KeyError, TypeError):
-        pass
-    return response.text[:_ERROR_TEXT_CHARS]
 
 
 def _score(
@@ -313,15 +283,9 @@ def _score(
 
 def check_ready(client: httpx.Client, timeout_s: float) -> None:
     """Raise QualityError unless GET /readyz answers 200."""
-    try:
-        response = client.get(READY_PATH, timeout=timeout_s)
-    except httpx.HTTPError as exc:
-        raise QualityError(f"service not reachable: {type(exc).__name__}: {exc}") from exc
-    if response.status_code != 200:
-        raise QualityError(
-            f"service not ready: {READY_PATH} answered HTTP {response.status_code}: "
-            f"{response.text[:_ERROR_TEXT_CHARS]}"
-        )
+    problem = service_client.check_ready(client, timeout_s)
+    if problem is not None:
+        raise QualityError(problem)
 
 
 def sweep_order(

@@ -33,6 +33,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from bench.client import warm_up
 from bench.loadgen import RequestRecord, RequestSpec, make_client, run_load
 from bench.quality import DEFAULT_INDEX_DIR
 from bench.squad import (
@@ -43,7 +44,6 @@ from bench.squad import (
     load_squad,
 )
 from bench.stats import Interval, paired_ratio, percentile
-from bench.suite import warm_up
 from harness.service import ROOT, free_port, running_service
 from harness.variant import write_variant
 

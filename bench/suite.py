@@ -20,9 +20,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import httpx
-
 from bench import latency, quality
+from bench.client import warm_up
 from bench.plots import write_plots
 from harness.service import ROOT, free_port, running_service
 from harness.variant import write_variant
@@ -260,17 +259,6 @@ def run_plan(plan: Sequence[ServiceVariant], out_dir: Path, base_config: Path) -
     for path in write_plots(out_dir):
         logger.info("wrote %s", path)
     return summary
-
-
-# The warm-up request.
-WARM_UP_QUESTION = "What is a KV cache?"
-WARM_UP_MAX_TOKENS = 4
-
-
-def warm_up(url: str) -> None:
-    """The first request after start pays kernel warm-up (tens of seconds on CPU)."""
-    body = {"question": WARM_UP_QUESTION, "max_tokens": WARM_UP_MAX_TOKENS}
-    httpx.post(f"{url}/v1/rag/query", json=body, timeout=600).raise_for_status()
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -19,7 +19,7 @@ from bench.conversation_pairs import (
     make_pair,
     write_pairs,
 )
-from bench.labs import LabError, require_loopback
+from bench.client import LabError, require_loopback
 from bench.squad import SquadQuestion, load_squad
 from bench.stats import NO_DIFFERENCE, Interval, difference_verdict, one_sample, sample_mean
 

@@ -1,0 +1,150 @@
+"""The lab's one blocking HTTP client for the service (streaming load is bench.loadgen's).
+
+- `require_loopback`: the labs talk only to a service on this machine.
+- `with_client`: run with a given client, or with one of its own for a URL (no proxies
+  from the environment: the labs talk to this machine only).
+- `check_ready`: GET /readyz, or why the service is not ready.
+- `post_query`: one POST /v1/rag/query with a timeout; a failure is recorded as the
+  outcome's `error` (the service's own message when it sent one), never raised or retried.
+- `warm_up`: the first requests after a start, which pay kernel warm-up (tens of seconds
+  on CPU) and must not be timed.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, TypeVar
+from urllib.parse import urlsplit
+
+import httpx
+from pydantic import ValidationError
+
+from app.schemas import RagQueryResponse
+
+T = TypeVar("T")
+
+QUERY_PATH = "/v1/rag/query"
+READY_PATH = "/readyz"
+LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
+WARM_UP_QUESTIONS = ("What is a KV cache?",)
+WARM_UP_TIMEOUT_S = 600.0
+_ERROR_TEXT_CHARS = 500
+
+
+class LabError(RuntimeError):
+    """A lab cannot go on (bad input file, a non-loopback URL, the wrong index served)."""
+
+
+def require_loopback(url: str) -> str:
+    """`url` unchanged if it is http(s) on a loopback host, else LabError."""
+    parts = urlsplit(url)
+    if parts.scheme not in {"http", "https"} or parts.hostname not in LOOPBACK_HOSTS:
+        raise LabError(f"{url!r}: the labs only query a service on loopback (127.0.0.1)")
+    return url
+
+
+def auth_headers(api_key: str | None) -> dict[str, str] | None:
+    return {"Authorization": f"Bearer {api_key}"} if api_key else None
+
+
+def with_client(
+    url: str, timeout_s: float, client: httpx.Client | None, run: Callable[[httpx.Client], T]
+) -> T:
+    """`run(client)`, or `run` with a client of its own for `url` (closed after)."""
+    if client is not None:
+        return run(client)
+    with httpx.Client(base_url=url, timeout=timeout_s, trust_env=False) as own_client:
+        return run(own_client)
+
+
+def error_text(response: httpx.Response) -> str:
+    """The OpenAI-shaped error's message, else the start of the body."""
+    try:
+        message = response.json()["error"]["message"]
+        if isinstance(message, str):
+            return message[:_ERROR_TEXT_CHARS]
+    except (ValueError, KeyError, TypeError):
+        pass
+    return response.text[:_ERROR_TEXT_CHARS]
+
+
+def check_ready(client: httpx.Client, timeout_s: float) -> str | None:
+    """None when GET /readyz answers 200, else why not."""
+    try:
+        response = client.get(READY_PATH, timeout=timeout_s)
+    except httpx.HTTPError as exc:
+        return f"service not reachable: {type(exc).__name__}: {exc}"
+    if response.status_code != 200:
+        return (
+            f"service not ready: {READY_PATH} answered HTTP {response.status_code}: "
+            f"{response.text[:_ERROR_TEXT_CHARS]}"
+        )
+    return None
+
+
+@dataclass(frozen=True)
+class QueryOutcome:
+    """One request: the parsed reply, or why there is none."""
+
+    status_code: int | None
+    client_ms: float
+    reply: RagQueryResponse | None = None
+    error: str | None = None
+
+
+def post_query(
+    client: httpx.Client,
+    body: Mapping[str, Any],
+    timeout_s: float,
+    headers: Mapping[str, str] | None = None,
+) -> QueryOutcome:
+    """POST `body` to /v1/rag/query once. A transport error, a non-200 status or a body that
+    is not a RagQueryResponse comes back as `error` (with the service's message)."""
+    started = time.perf_counter()
+    try:
+        response = client.post(
+            QUERY_PATH, json=dict(body), headers=dict(headers or {}), timeout=timeout_s
+        )
+    except httpx.HTTPError as exc:
+        return QueryOutcome(None, _ms_since(started), error=f"{type(exc).__name__}: {exc}")
+    client_ms = _ms_since(started)
+    if response.status_code != 200:
+        return QueryOutcome(
+            response.status_code,
+            client_ms,
+            error=f"HTTP {response.status_code}: {error_text(response)}",
+        )
+    try:
+        reply = RagQueryResponse.model_validate_json(response.content)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        return QueryOutcome(
+            200,
+            client_ms,
+            error=f"malformed response: {exc.error_count()} problems, first {first['loc']}: "
+            f"{first['msg']}",
+        )
+    return QueryOutcome(200, client_ms, reply=reply)
+
+
+def warm_up(
+    url: str,
+    questions: Iterable[str] = WARM_UP_QUESTIONS,
+    max_tokens: int = 4,
+    timeout_s: float = WARM_UP_TIMEOUT_S,
+    strict: bool = True,
+) -> None:
+    """One short request per question. Strict: an error status raises; otherwise it is the
+    caller's next requests that tell (the chaos runs warm up services they then break)."""
+    with httpx.Client(base_url=url, timeout=timeout_s, trust_env=False) as client:
+        for question in questions:
+            body = {"question": question, "max_tokens": max_tokens}
+            response = client.post(QUERY_PATH, json=body)
+            if strict:
+                response.raise_for_status()
+
+
+def _ms_since(started: float) -> float:
+    return round((time.perf_counter() - started) * 1000, 1)
