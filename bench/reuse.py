@@ -43,7 +43,8 @@ from bench.squad import (
     SquadSet,
     load_squad,
 )
-from bench.stats import Interval, paired_ratio, percentile
+from bench.stats import Interval, fmt_ratio, paired_ratio, percentile
+from bench.tables import markdown_table
 from harness.service import ROOT, free_port, running_service
 from harness.variant import write_variant
 
@@ -215,15 +216,9 @@ def report(results: dict[str, Any]) -> str:
     runs: dict[str, list[dict[str, list[dict[str, Any]]]]] = defaultdict(list)
     for run in results["runs"]:
         runs[run["setting"]].append(run["records"])
-    lines = [
-        f"# Passage reuse: {results['machine']}",
-        "",
-        f"Command: `{results['command']}`. Records: results.json (every request).",
-        "",
-        "| phase | requests | setting | n ok | TTFT p50 ms | TTFT p99 ms | cached share |",
-        "|---|---|---|---|---|---|---|",
-    ]
+    latency, ratios = [], []
     for phase, info in plan.items():
+        per_request = {name: _ttfts(setting_runs, phase) for name, setting_runs in runs.items()}
         for segment in _segments(phase):
             keep = _segment_indices(info["items"], segment)
             for setting, setting_runs in runs.items():
@@ -232,34 +227,32 @@ def report(results: dict[str, Any]) -> str:
                 ttft = [r["ttft_ms"] for r in ok]
                 prompt = sum(r["usage_prompt_tokens"] or 0 for r in ok)
                 cached = sum(r["usage_cached_prompt_tokens"] or 0 for r in ok)
-                share = f"{cached / prompt:.2f}" if prompt else "-"
-                p50 = f"{percentile(ttft, 50):.0f}" if ttft else "-"
-                p99 = f"{percentile(ttft, 99):.0f}" if ttft else "-"
-                lines.append(
-                    f"| {phase} | {segment} ({len(keep)}) | {setting} | {len(ok)} | {p50} | "
-                    f"{p99} | {share} |"
-                )
-    lines += [
+                latency.append([
+                    phase, f"{segment} ({len(keep)})", setting, len(ok),
+                    f"{percentile(ttft, 50):.0f}" if ttft else "-",
+                    f"{percentile(ttft, 99):.0f}" if ttft else "-",
+                    f"{cached / prompt:.2f}" if prompt else "-",
+                ])  # fmt: skip
+            for a, b in (("reuse", "today"), ("reuse", "naive"), ("today", "naive")):
+                if a in per_request and b in per_request:
+                    interval = ratio_interval(
+                        [per_request[a][i] for i in keep], [per_request[b][i] for i in keep]
+                    )
+                    n = 0 if interval is None else interval.n
+                    ratios.append([phase, segment, f"{a} / {b}", fmt_ratio(interval), n])
+    header = ["phase", "requests", "setting", "n ok", "TTFT p50 ms", "TTFT p99 ms", "cached share"]
+    lines = [
+        f"# Passage reuse: {results['machine']}",
+        "",
+        f"Command: `{results['command']}`. Records: results.json (every request).",
+        "",
+        markdown_table(header, latency, numeric=(3, 4, 5, 6)),
         "",
         "Median per-request TTFT ratio, paired by request (each side the mean of its runs), "
         "95% bootstrap interval; an interval holding 1 is no detectable difference:",
         "",
-        "| phase | requests | comparison | ratio [95% CI] | n |",
-        "|---|---|---|---|---|",
+        markdown_table(["phase", "requests", "comparison", "ratio [95% CI]", "n"], ratios),
     ]
-    for phase, info in plan.items():
-        per_request = {name: _ttfts(setting_runs, phase) for name, setting_runs in runs.items()}
-        for segment in _segments(phase):
-            keep = _segment_indices(info["items"], segment)
-            for a, b in (("reuse", "today"), ("reuse", "naive"), ("today", "naive")):
-                if a not in per_request or b not in per_request:
-                    continue
-                interval = ratio_interval(
-                    [per_request[a][i] for i in keep], [per_request[b][i] for i in keep]
-                )
-                text = "-" if interval is None else interval.text(2, "x")
-                n = 0 if interval is None else interval.n
-                lines.append(f"| {phase} | {segment} | {a} / {b} | {text} | {n} |")
     return "\n".join(lines) + "\n"
 
 

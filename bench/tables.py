@@ -16,8 +16,8 @@ def markdown_table(
 ) -> str:
     """The rows under `header` as a Markdown table (no trailing newline)."""
     right = set(numeric)
-    align = ["---:" if i in right else "---" for i in range(len(header))]
-    lines = [_row(header), _row(align)]
+    align = "|".join("---:" if i in right else "---" for i in range(len(header)))
+    lines = [_row(header), f"|{align}|"]
     for row in rows:
         if len(row) != len(header):
             raise ValueError(f"a row of {len(row)} cells under a header of {len(header)}")

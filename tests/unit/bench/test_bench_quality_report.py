@@ -79,6 +79,6 @@ def test_the_reader_report_compares_f1_on_shared_questions():
 def test_markdown_table_aligns_numbers_and_escapes_pipes():
     text = markdown_table(["name", "n"], [["a|b", 3]], numeric=(1,))
 
-    assert text.splitlines() == ["| name | n |", "| --- | ---: |", "| a\\|b | 3 |"]
+    assert text.splitlines() == ["| name | n |", "|---|---:|", "| a\\|b | 3 |"]
     with pytest.raises(ValueError):
         markdown_table(["name", "n"], [["only one cell"]])

@@ -125,5 +125,5 @@ def test_the_report_splits_cold_and_warm_and_pairs_the_settings():
     assert "| skewed-c1 | warm (2) | reuse | 2 |" in text
     assert "| skewed-c1 | warm | reuse / today | 0.50x" in text
     # One cold pair is too few for an interval.
-    assert "| skewed-c1 | cold | reuse / today | - | 0 |" in text
+    assert "| skewed-c1 | cold | reuse / today | no interval | 0 |" in text
     assert "naive" not in text.split("Median per-request")[1]
