@@ -11,6 +11,7 @@ import httpx
 import pytest
 
 from bench import conversation
+from bench.client import LabError, require_loopback
 from bench.conversation import RunSettings, run_pairs
 from bench.conversation_pairs import (
     build_pairs,
@@ -19,7 +20,6 @@ from bench.conversation_pairs import (
     make_pair,
     write_pairs,
 )
-from bench.client import LabError, require_loopback
 from bench.squad import SquadQuestion, load_squad
 from bench.stats import NO_DIFFERENCE, Interval, difference_verdict, one_sample, sample_mean
 
