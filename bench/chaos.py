@@ -46,6 +46,7 @@ from bench.client import warm_up
 from bench.cluster import NodeSpec, local_cluster
 from bench.loadgen import RequestRecord, RequestSpec, make_client, run_load
 from bench.questions import DEFAULT_QUESTIONS as QUESTIONS
+from bench.tables import markdown_table
 from harness import processes
 from harness.service import ROOT, free_port, started_service
 from harness.variant import first_application, write_variant
@@ -425,19 +426,24 @@ def _earlier(earlier: dict[str, str]) -> str:
     return f"; scenarios kept from earlier runs of the same command: {parts}"
 
 
-def _row(label: str, s: dict) -> str:
-    return (
-        f"| {label} | {s['sent']} | {s['succeeded']} | {s['refused']} | {s['interrupted']} | "
-        f"{s['failed']} | {s['hung']} | {_ms(s['reject_ms_p50'])} / {_ms(s['reject_ms_p99'])} "
-        f"| {_ms(s['admitted_e2e_ms_p50'])} / {_ms(s['admitted_e2e_ms_p99'])} | "
-        f"{_share(s['ready_share'])} |"
-    )
+OUTCOME_HEADER = [
+    "run", "sent", "succeeded", "refused", "interrupted", "failed", "hung",
+    "reject ms p50 / p99", "admitted E2E ms p50 / p99", "/readyz 200",
+]  # fmt: skip
 
 
-HEADER = (
-    "| run | sent | succeeded | refused | interrupted | failed | hung | reject ms p50 / p99 "
-    "| admitted E2E ms p50 / p99 | /readyz 200 |\n|---|---|---|---|---|---|---|---|---|---|"
-)
+def _outcomes(s: dict, label: str) -> list[str]:
+    """One run's outcome counts and latencies, as a row of OUTCOME_HEADER."""
+    return [
+        label, s["sent"], s["succeeded"], s["refused"], s["interrupted"], s["failed"], s["hung"],
+        f"{_ms(s['reject_ms_p50'])} / {_ms(s['reject_ms_p99'])}",
+        f"{_ms(s['admitted_e2e_ms_p50'])} / {_ms(s['admitted_e2e_ms_p99'])}",
+        _share(s["ready_share"]),
+    ]  # fmt: skip
+
+
+def _outcome_table(*rows: tuple[str, dict]) -> str:
+    return markdown_table(OUTCOME_HEADER, [_outcomes(s, label) for label, s in rows])
 
 
 def _overload_section(result: dict) -> list[str]:
@@ -460,9 +466,7 @@ def _overload_section(result: dict) -> list[str]:
         f"{result['capacity']['throughput_rps']:.2f} req/s measured at capacity; "
         f"max_tokens {MAX_TOKENS}.",
         "",
-        HEADER,
-        _row("at capacity", result["capacity"]),
-        _row("10x overload", result["overload"]),
+        _outcome_table(("at capacity", result["capacity"]), ("10x overload", result["overload"])),
         "",
         f"Admitted p99 E2E under overload / at capacity: {result['admitted_p99_ratio'][0]:.2f}"
         f" (95% bootstrap CI {low:.2f} to {high:.2f}). Refusal codes: "
@@ -479,18 +483,20 @@ def _kill_section(rows: list[dict]) -> list[str]:
         "requests each time, the kill 5 s in. Detected: until /readyz showed one replica "
         "fewer; recovered: until the stage was whole again.",
         "",
-        HEADER,
-    ]
-    out += [_row(row["target"], row) for row in rows]
-    out += [
+        _outcome_table(*((row["target"], row) for row in rows)),
         "",
-        "| target | detected after | recovered after | non-success codes |",
-        "|---|---|---|---|",
-    ]
-    out += [
-        f"| {row['target']} | {_s(row['detected_after_s'])} | {_s(row['recovered_after_s'])} | "
-        f"{', '.join(row['codes']) or '-'} |"
-        for row in rows
+        markdown_table(
+            ["target", "detected after", "recovered after", "non-success codes"],
+            [
+                [
+                    row["target"],
+                    _s(row["detected_after_s"]),
+                    _s(row["recovered_after_s"]),
+                    ", ".join(row["codes"]) or "-",
+                ]
+                for row in rows
+            ],
+        ),
     ]
     return [*out, ""]
 
@@ -509,9 +515,10 @@ def _node_section(result: dict) -> list[str]:
         f"Replicas 10 s after the run: `{json.dumps(result['placement_after'])}` "
         f"({result['alive_nodes_after']} node(s) alive)",
         "",
-        HEADER,
-        _row("node_b lost", result),
-        _row("sent 15 s or more after the loss", result["after_15s"] | _blank()),
+        _outcome_table(
+            ("node_b lost", result),
+            ("sent 15 s or more after the loss", result["after_15s"] | _blank()),
+        ),
         "",
     ]
 

@@ -32,6 +32,7 @@ from bench.stats import (
     sample_mean,
     sample_median,
 )
+from bench.tables import markdown_table
 
 
 @dataclass
@@ -217,41 +218,64 @@ def render_markdown(config: dict[str, Any], summaries: Sequence[StyleSummary]) -
         "hits and the ceiling (the context holds a gold answer) over all answers. "
         "95% bootstrap intervals, n in parentheses.",
         "",
-        "| style | answered | coverage | span precision | passage precision "
-        "| span precision, gold in context | span hits | ceiling | answer holds gold "
-        "| EM | F1 |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    for s in summaries:
-        cells = (
-            s.coverage,
-            s.span_precision,
-            s.passage_precision,
-            s.span_precision_when_context_has_gold,
-            s.span_hits,
-            s.context_ceiling,
-            s.answer_has_gold,
-            s.exact_match,
-            s.f1,
-        )
-        lines.append(
-            f"| {s.style} | {s.answered}/{s.questions} | "
-            + " | ".join(fmt_interval(cell) for cell in cells)
-            + " |"
-        )
-    lines += [
+        markdown_table(
+            [
+                "style",
+                "answered",
+                "coverage",
+                "span precision",
+                "passage precision",
+                "span precision, gold in context",
+                "span hits",
+                "ceiling",
+                "answer holds gold",
+                "EM",
+                "F1",
+            ],
+            [
+                [s.style, f"{s.answered}/{s.questions}", *map(fmt_interval, _shares(s))]
+                for s in summaries
+            ],
+        ),
         "",
-        "| style | citations (per answer) | invalid source_id (answers) | bad spans "
-        "| no attribution | attribute p50 ms [95% CI] | attribute p95 ms | compression |",
-        "|---|---|---|---|---|---|---|---|",
+        markdown_table(
+            [
+                "style",
+                "citations (per answer)",
+                "invalid source_id (answers)",
+                "bad spans",
+                "no attribution",
+                "attribute p50 ms [95% CI]",
+                "attribute p95 ms",
+                "compression",
+            ],
+            [
+                [
+                    s.style,
+                    f"{s.citations} ({_per_answer(s)})",
+                    f"{s.invalid_source_ids} ({s.answers_with_invalid_source})",
+                    s.bad_spans,
+                    s.attribution_missing,
+                    fmt_interval(s.attribute_ms_p50, 1),
+                    format_ms(s.attribute_ms_p95),
+                    _methods(s),
+                ]
+                for s in summaries
+            ],
+        ),
     ]
-    for s in summaries:
-        per_answer = "–" if s.citations_per_answer is None else f"{s.citations_per_answer:.2f}"
-        methods = ", ".join(f"{m} {n}" for m, n in sorted(s.compression_methods.items()))
-        lines.append(
-            f"| {s.style} | {s.citations} ({per_answer}) | {s.invalid_source_ids} "
-            f"({s.answers_with_invalid_source}) | {s.bad_spans} | {s.attribution_missing} "
-            f"| {fmt_interval(s.attribute_ms_p50, 1)} | {format_ms(s.attribute_ms_p95)} "
-            f"| {methods or '–'} |"
-        )
     return "\n".join(lines) + "\n"
+
+
+def _shares(s: StyleSummary) -> list[Interval | None]:
+    return [s.coverage, s.span_precision, s.passage_precision,
+            s.span_precision_when_context_has_gold, s.span_hits, s.context_ceiling,
+            s.answer_has_gold, s.exact_match, s.f1]  # fmt: skip
+
+
+def _per_answer(s: StyleSummary) -> str:
+    return "–" if s.citations_per_answer is None else f"{s.citations_per_answer:.2f}"
+
+
+def _methods(s: StyleSummary) -> str:
+    return ", ".join(f"{m} {n}" for m, n in sorted(s.compression_methods.items())) or "–"

@@ -59,6 +59,7 @@ from bench.stats import (
     paired_ratio,
     sample_mean,
 )
+from bench.tables import markdown_table
 from harness.service import ROOT, free_port, running_service
 from harness.variant import parse_assignment, write_variant
 from prepare.cost_model import CompressionCostModel, CompressorCost, PrefillCost
@@ -449,47 +450,93 @@ def render_oracle(rows: Sequence[OracleRow], summaries: Sequence[OracleSummary])
         "auto against the per-question oracle (the faster of never and always on the same "
         "question):",
         "",
-        "| target length | question | never ms | always ms | faster | auto took | right | "
-        "auto ms | auto / oracle |",
-        "|---|---|---|---|---|---|---|---|---|",
-    ]
-    for r in rows:
-        lines.append(
-            f"| {r.length:,} | {r.question} | {_fmt(r.never_ms)} | {_fmt(r.always_ms)} | "
-            f"{r.faster} | {r.auto_choice} | {'yes' if r.right else 'NO'} | {_fmt(r.auto_ms)} | "
-            f"{r.auto_ms / r.oracle_ms:.2f}x |"
-        )
-    lines += [
+        markdown_table(
+            [
+                "target length",
+                "question",
+                "never ms",
+                "always ms",
+                "faster",
+                "auto took",
+                "right",
+                "auto ms",
+                "auto / oracle",
+            ],
+            [
+                [
+                    f"{r.length:,}",
+                    r.question,
+                    _fmt(r.never_ms),
+                    _fmt(r.always_ms),
+                    r.faster,
+                    r.auto_choice,
+                    "yes" if r.right else "NO",
+                    _fmt(r.auto_ms),
+                    f"{r.auto_ms / r.oracle_ms:.2f}x",
+                ]
+                for r in rows
+            ],
+        ),
         "",
-        "| target length | n | always faster | auto compressed | right picks [bootstrap; "
-        "Wilson] | always / never | auto / oracle (median per question) | auto / oracle "
-        "(total) |",
-        "|---|---|---|---|---|---|---|---|",
+        markdown_table(
+            [
+                "target length",
+                "n",
+                "always faster",
+                "auto compressed",
+                "right picks [bootstrap; Wilson]",
+                "always / never",
+                "auto / oracle (median per question)",
+                "auto / oracle (total)",
+            ],
+            [
+                [
+                    "all" if s.length is None else f"{s.length:,}",
+                    s.questions,
+                    f"{s.always_faster}/{s.questions}",
+                    f"{s.auto_compressed}/{s.questions}",
+                    f"{s.right}/{s.questions}: "
+                    + ("n = 1: no interval" if s.right_share is None else s.right_share.text())
+                    + f"; [{s.right_wilson[0]:.2f}, {s.right_wilson[1]:.2f}]",
+                    fmt_ratio(s.always_over_never, s.questions),
+                    fmt_ratio(s.auto_over_oracle, s.questions),
+                    f"{s.total_ratio:.2f}x",
+                ]
+                for s in summaries
+            ],
+        ),
     ]
-    for s in summaries:
-        share = "n = 1: no interval" if s.right_share is None else s.right_share.text()
-        lines.append(
-            f"| {'all' if s.length is None else f'{s.length:,}'} | {s.questions} | "
-            f"{s.always_faster}/{s.questions} | {s.auto_compressed}/{s.questions} | "
-            f"{s.right}/{s.questions}: {share}; [{s.right_wilson[0]:.2f}, "
-            f"{s.right_wilson[1]:.2f}] | {fmt_ratio(s.always_over_never, s.questions)} | "
-            f"{fmt_ratio(s.auto_over_oracle, s.questions)} | {s.total_ratio:.2f}x |"
-        )
     return "\n".join(lines) + "\n"
 
 
 def render_markdown(cells: Sequence[Cell], verdicts: dict[int, str], fitted: dict) -> str:
     lines = [
-        "| target length | policy | n | context tokens before → after | compressed | "
-        "cached tokens | compress ms | TTFT ms |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
-    for c in cells:
-        lines.append(
-            f"| {c.length:,} | {c.policy} | {c.requests} | {_fmt(c.tokens_before)} → "
-            f"{_fmt(c.tokens_after)} | {c.compressed}/{c.requests} | {_fmt(c.cached_tokens)} | "
-            f"{_fmt(c.compress_ms)} | {_fmt(c.ttft_ms)} |"
+        markdown_table(
+            [
+                "target length",
+                "policy",
+                "n",
+                "context tokens before → after",
+                "compressed",
+                "cached tokens",
+                "compress ms",
+                "TTFT ms",
+            ],
+            [
+                [
+                    f"{c.length:,}",
+                    c.policy,
+                    c.requests,
+                    f"{_fmt(c.tokens_before)} → {_fmt(c.tokens_after)}",
+                    f"{c.compressed}/{c.requests}",
+                    _fmt(c.cached_tokens),
+                    _fmt(c.compress_ms),
+                    _fmt(c.ttft_ms),
+                ]
+                for c in cells
+            ],
         )
+    ]
     lines += ["", "auto against the faster fixed policy, per length:", ""]
     lines += [f"- {length:,} tokens: {verdict}" for length, verdict in verdicts.items()]
     lines += ["", "Fitted cost model (serve_config.yaml overrides):", "", "```yaml"]

@@ -8,7 +8,7 @@ Every interval is bench.stats' 95% percentile interval with a fixed seed.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -26,6 +26,7 @@ from bench.stats import (
     sample_mean,
     sample_median,
 )
+from bench.tables import markdown_table
 
 # (minuend, subtrahend): the comparisons the lab is for.
 RECALL_DIFFERENCES = (("join", "full"), ("rewrite", "full"), ("last", "full"), ("rewrite", "join"))
@@ -206,28 +207,51 @@ def render_markdown(config: dict[str, Any], summary: Summary) -> str:
         "follow-up with a pronoun, after the history, retrieved by that mode. Intervals are "
         f'95% bootstrap intervals; one that holds 0 is "{NO_DIFFERENCE}".',
         "",
-        f"| condition | answered | errors | recall@{k} [95% CI] | MRR | mode applied "
-        "| retrieve p50 ms | rewrite p50 ms | TTFT p50 ms | total p50 ms | cached prompt > 0 |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        markdown_table(
+            [
+                "condition",
+                "answered",
+                "errors",
+                f"recall@{k} [95% CI]",
+                "MRR",
+                "mode applied",
+                "retrieve p50 ms",
+                "rewrite p50 ms",
+                "TTFT p50 ms",
+                "total p50 ms",
+                "cached prompt > 0",
+            ],
+            [
+                [
+                    c.condition,
+                    f"{c.answered}/{c.requests}",
+                    c.errors,
+                    fmt_interval(c.recall),
+                    _fmt(c.mrr),
+                    _modes(c.applied_modes),
+                    format_ms(c.retrieve_ms_p50),
+                    format_ms(c.rewrite_ms_p50),
+                    format_ms(c.ttft_ms_p50),
+                    format_ms(c.total_ms_p50),
+                    f"{c.with_cached_prompt}/{c.answered}",
+                ]
+                for c in summary.conditions
+            ],
+        ),
     ]
-    for c in summary.conditions:
-        modes = ", ".join(f"{mode} {count}" for mode, count in sorted(c.applied_modes.items()))
-        lines.append(
-            f"| {c.condition} | {c.answered}/{c.requests} | {c.errors} "
-            f"| {fmt_interval(c.recall)} | {_fmt(c.mrr)} | {modes or '–'} "
-            f"| {format_ms(c.retrieve_ms_p50)} | {format_ms(c.rewrite_ms_p50)} "
-            f"| {format_ms(c.ttft_ms_p50)} | {format_ms(c.total_ms_p50)} "
-            f"| {c.with_cached_prompt}/{c.answered} |"
-        )
     if summary.recall_differences:
         lines += [
             "",
             f"## Paired differences in recall@{k}",
             "",
-            "| difference | pairs | mean [95% CI] | verdict |",
-            "|---|---|---|---|",
+            markdown_table(
+                ["difference", "pairs", "mean [95% CI]", "verdict"],
+                [
+                    [d.name, d.pairs, fmt_interval(d.interval, 3), d.label]
+                    for d in summary.recall_differences
+                ],
+            ),
         ]
-        lines += [_difference_row(d, 3) for d in summary.recall_differences]
     cost = summary.rewrite_cost
     if cost is not None:
         lines += [
@@ -254,11 +278,8 @@ def render_markdown(config: dict[str, Any], summary: Summary) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _difference_row(difference: Difference, digits: int) -> str:
-    return (
-        f"| {difference.name} | {difference.pairs} "
-        f"| {fmt_interval(difference.interval, digits)} | {difference.label} |"
-    )
+def _modes(counts: Mapping[str, int]) -> str:
+    return ", ".join(f"{mode} {count}" for mode, count in sorted(counts.items())) or "–"
 
 
 def _fmt(value: float | None, digits: int = 3) -> str:

@@ -70,6 +70,7 @@ from bench.squad_metrics import (
     recall_at_k,
 )
 from bench.stats import mean, median
+from bench.tables import markdown_table
 from pipeline.messages import CompressionMethod
 from retrieval.index import INDEX_FILE, MANIFEST_FILE
 
@@ -485,21 +486,45 @@ def render_markdown(config: dict[str, Any], summaries: Sequence[PointSummary]) -
             if config.get("stopped_early")
             else []
         ),
-        "| point | answered | errors | EM | F1 | contains gold | recall@k | answer kept "
-        "| context tokens before → kept | kept ratio | citation validity (citing) "
-        "| TTFT p50 ms | total p50 ms | at max_tokens |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        markdown_table(
+            [
+                "point",
+                "answered",
+                "errors",
+                "EM",
+                "F1",
+                "contains gold",
+                "recall@k",
+                "answer kept",
+                "context tokens before → kept",
+                "kept ratio",
+                "citation validity (citing)",
+                "TTFT p50 ms",
+                "total p50 ms",
+                "at max_tokens",
+            ],
+            [
+                [
+                    s.point,
+                    f"{s.answered}/{s.questions}",
+                    s.errors,
+                    _fmt(s.exact_match),
+                    _fmt(s.f1),
+                    _fmt(s.contains_gold),
+                    _fmt(s.recall),
+                    _fmt(s.answer_survival),
+                    f"{_fmt(s.context_tokens_before_mean, 0)} → "
+                    f"{_fmt(s.context_tokens_kept_mean, 0)}",
+                    _fmt(s.kept_ratio, 2),
+                    f"{_fmt(s.citation_validity)} ({s.citing_answers})",
+                    _fmt(s.ttft_ms_median, 0),
+                    _fmt(s.total_ms_median, 0),
+                    f"{s.at_cap}/{s.answered}",
+                ]
+                for s in summaries
+            ],
+        ),
     ]
-    for s in summaries:
-        lines.append(
-            f"| {s.point} | {s.answered}/{s.questions} | {s.errors} | {_fmt(s.exact_match)} "
-            f"| {_fmt(s.f1)} | {_fmt(s.contains_gold)} | {_fmt(s.recall)} "
-            f"| {_fmt(s.answer_survival)} "
-            f"| {_fmt(s.context_tokens_before_mean, 0)} → {_fmt(s.context_tokens_kept_mean, 0)} "
-            f"| {_fmt(s.kept_ratio, 2)} | {_fmt(s.citation_validity)} ({s.citing_answers}) "
-            f"| {_fmt(s.ttft_ms_median, 0)} | {_fmt(s.total_ms_median, 0)} "
-            f"| {s.at_cap}/{s.answered} |"
-        )
     return "\n".join(lines) + "\n"
 
 

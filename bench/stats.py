@@ -41,6 +41,7 @@ from typing import Any
 
 import numpy as np
 
+from bench import tables
 from bench.loadgen import STAGE_NAMES, RequestRecord
 from pipeline.rag import tpot_ms as product_tpot_ms
 
@@ -227,29 +228,30 @@ def markdown_table(summary: Summary) -> str:
     s = summary
     slo = f"TTFT <= {format_ms(s.slo_ttft_ms)} ms, TPOT <= {format_ms(s.slo_tpot_ms)} ms"
     errors = ", ".join(f"{kind} {count}" for kind, count in sorted(s.errors.items())) or "none"
-    lines = [
-        f"{s.succeeded}/{s.requests} succeeded ({s.failed} failed, {s.not_sent} not sent; "
-        f"errors: {errors}) in {s.duration_s:.2f} s: {s.requests_per_s:.3f} req/s, "
-        f"{s.output_tokens_per_s:.1f} output tokens/s, goodput {s.goodput_requests_per_s:.3f} "
-        f"req/s ({s.met_slos} met {slo})",
-        "",
-        "| metric (ms) | n | mean | p50 | p90 | p99 | max |",
-        "|---|---:|---:|---:|---:|---:|---:|",
-    ]
-    rows: list[tuple[str, Distribution | None]] = [
+    latencies: list[tuple[str, Distribution | None]] = [
         ("TTFT", s.ttft_ms),
         ("TPOT", s.tpot_ms),
         ("ITL", s.itl_ms),
         ("E2E", s.e2e_ms),
+        *((f"server {name}", dist) for name, dist in s.server_ms.items()),
     ]
-    rows += [(f"server {name}", dist) for name, dist in s.server_ms.items()]
-    for name, dist in rows:
-        if dist is None:
-            lines.append(f"| {name} | 0 | - | - | - | - | - |")
-            continue
-        cells = (dist.mean, dist.p50, dist.p90, dist.p99, dist.max)
-        lines.append(f"| {name} | {dist.n} | " + " | ".join(format_ms(v) for v in cells) + " |")
-    return "\n".join(lines)
+    rows = [
+        [name, 0, "-", "-", "-", "-", "-"]
+        if dist is None
+        else [name, dist.n, *map(format_ms, (dist.mean, dist.p50, dist.p90, dist.p99, dist.max))]
+        for name, dist in latencies
+    ]
+    header = ["metric (ms)", "n", "mean", "p50", "p90", "p99", "max"]
+    return "\n".join(
+        [
+            f"{s.succeeded}/{s.requests} succeeded ({s.failed} failed, {s.not_sent} not sent; "
+            f"errors: {errors}) in {s.duration_s:.2f} s: {s.requests_per_s:.3f} req/s, "
+            f"{s.output_tokens_per_s:.1f} output tokens/s, goodput "
+            f"{s.goodput_requests_per_s:.3f} req/s ({s.met_slos} met {slo})",
+            "",
+            tables.markdown_table(header, rows, numeric=range(1, 7)),
+        ]
+    )
 
 
 # --- 95% intervals -----------------------------------------------------------------------------

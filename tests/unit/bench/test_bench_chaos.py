@@ -13,6 +13,10 @@ import pytest
 from bench import chaos
 from bench.loadgen import RequestRecord
 from bench.outcomes import ReadinessLog
+from bench.tables import markdown_table
+
+# The header row of every outcome table.
+OUTCOMES_HEADER = markdown_table(chaos.OUTCOME_HEADER, []).splitlines()[0]
 
 
 def rec(index: int, **fields) -> RequestRecord:
@@ -229,7 +233,7 @@ def test_markdown_has_every_section_with_its_rows_and_figures():
     assert "Measured with `python -m bench.chaos --seed 0` on 2025-01-02 03:04 UTC" in text
     assert "(2 cores, 8 GiB, CPU only)" in text
     assert "within 120 s." in text
-    assert text.count(chaos.HEADER) == 3
+    assert text.count(OUTCOMES_HEADER) == 3
 
     assert table_after(text, "## Overload at 10x capacity") == [
         "| at capacity " + RUN_ROW,
@@ -282,7 +286,7 @@ def test_markdown_tells_the_null_engine_overload_apart():
     headings = [line for line in text.splitlines() if line.startswith("## Overload")]
     assert headings[0] == "## Overload at 10x capacity"
     assert headings[1].startswith("## Overload at 10x capacity, with a null engine")
-    assert len(headings) == 2 and text.count(chaos.HEADER) == 2
+    assert len(headings) == 2 and text.count(OUTCOMES_HEADER) == 2
     assert "the ingress admits 40 requests in flight" in text
     assert text.count("null engine") == 2  # the heading and the sentence of the paced run
 
@@ -300,7 +304,7 @@ def test_markdown_has_only_the_sections_that_ran():
     assert "## Overload at 10x capacity" in text
     assert "## kill -9" not in text and "## Losing a node" not in text
     assert "## Fuzzing" not in text
-    assert text.count(chaos.HEADER) == 1
+    assert text.count(OUTCOMES_HEADER) == 1
 
     no_refusals = full["overload"] | {"overload": full["overload"]["overload"] | {"codes": []}}
     assert "Refusal codes: none." in chaos.markdown(
