@@ -29,6 +29,7 @@ from pathlib import Path
 
 import httpx
 
+from bench import labs
 from bench.citations_report import (
     CitationRow,
     render_markdown,
@@ -43,13 +44,12 @@ from bench.client import (
     require_loopback,
     with_client,
 )
-from bench.labs import squad_service
-from bench.outputs import label, positive_float, positive_int, write_json_and_markdown
-from bench.quality import DEFAULT_INDEX_DIR, QualityError, check_ready
+from bench.labs import DEFAULT_BUDGET_S, DEFAULT_TIMEOUT_S, DEFAULT_TOP_K
+from bench.outputs import positive_int, write_json_and_markdown
+from bench.quality import DEFAULT_INDEX_DIR, check_ready
 from bench.squad import (
     DEFAULT_CACHE_DIR,
     SQUAD_DEV_FILENAME,
-    SquadFormatError,
     SquadQuestion,
     load_squad,
     sample_questions,
@@ -62,9 +62,6 @@ STYLES = ("short", "explained")
 # Enough for a span ("short") or a few sentences ("explained") from the CPU model.
 DEFAULT_MAX_TOKENS = {"short": 32, "explained": 128}
 DEFAULT_QUESTIONS = 120
-DEFAULT_TOP_K = 5
-DEFAULT_TIMEOUT_S = 180.0
-DEFAULT_BUDGET_S = 3600.0
 WARM_UP_QUESTION = "Which team won the game?"
 
 Clock = Callable[[], float]
@@ -190,8 +187,7 @@ def run_lab(
     questions = sample_questions(squad, settings.questions, settings.seed)
     headers = auth_headers(api_key)
     check_ready(client, settings.timeout_s)
-    started_at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-    started = time.perf_counter()
+    started = labs.started_now()
     # Uncounted: the engine's warm-up and each style's system prompt into the prefix cache.
     warm_up_errors = [
         post_query(
@@ -203,24 +199,22 @@ def run_lab(
         client, questions, {p.paragraph_id for p in squad.paragraphs}, settings, headers, clock
     )
     summary = summarize(rows, settings.styles)
-    config = {
-        **{k: str(v) if isinstance(v, Path) else v for k, v in asdict(settings).items()},
-        "questions_sampled": len(questions),
-        "questions_asked": asked,
-        "budget_spent": asked < len(questions),
-        "question_ids": [q.question_id for q in questions],
-        "max_tokens_per_style": {s: settings.max_tokens_for(s) for s in settings.styles},
-        "warm_up_errors": warm_up_errors,
-        "started_at": started_at,
-        "elapsed_s": round(time.perf_counter() - started, 1),
-    }
-    document = {
-        "config": config,
-        "summary": [asdict(s) for s in summary],
-        "results": [asdict(r) for r in rows],
-    }
+    doc = labs.document(
+        settings,
+        started,
+        {
+            "questions_sampled": len(questions),
+            "questions_asked": asked,
+            "budget_spent": asked < len(questions),
+            "question_ids": [q.question_id for q in questions],
+            "max_tokens_per_style": {s: settings.max_tokens_for(s) for s in settings.styles},
+            "warm_up_errors": warm_up_errors,
+        },
+        [asdict(s) for s in summary],
+        rows,
+    )
     return write_json_and_markdown(
-        settings.out_dir, settings.label, document, render_markdown(config, summary)
+        settings.out_dir, settings.label, doc, render_markdown(doc["config"], summary)
     )
 
 
@@ -229,7 +223,7 @@ def run_lab(
 
 def _add_run_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", type=Path, required=True, help="folder for the outputs")
-    parser.add_argument("--api-key", default=None, help="sent as Authorization: Bearer")
+    labs.add_request_arguments(parser, "citations", "all questions")
     parser.add_argument(
         "--squad-file",
         type=Path,
@@ -239,15 +233,9 @@ def _add_run_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--questions", type=positive_int, default=DEFAULT_QUESTIONS)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--styles", nargs="+", choices=STYLES, default=["short"])
-    parser.add_argument("--top-k", type=positive_int, default=DEFAULT_TOP_K)
     parser.add_argument(
         "--max-tokens", type=positive_int, default=None, help="default: short 32, explained 128"
     )
-    parser.add_argument("--timeout-s", type=positive_float, default=DEFAULT_TIMEOUT_S)
-    parser.add_argument(
-        "--budget-s", type=positive_float, default=DEFAULT_BUDGET_S, help="for all questions"
-    )
-    parser.add_argument("--label", type=label, default="citations", help="output stem")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -270,22 +258,16 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None, *, client: httpx.Client | None = None) -> int:
     """CLI entry point; `client` replaces the HTTP client `run` would open (for tests)."""
     args = _parser().parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
-    logging.getLogger("httpx").setLevel(logging.WARNING)
-    try:
-        if args.command == "run":
-            written = _run(args, args.url, client)
-        elif args.command == "report":
-            written = rewrite_report(args.results)
-        else:
-            with squad_service(args.base_config, args.out, "citations", args.index) as url:
-                written = _run(args, url, client)
-    except (LabError, QualityError, SquadFormatError, OSError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
-    for path in written:
-        print(path)
-    return 0
+    if args.command == "run":
+        return labs.main_of(lambda: _run(args, args.url, client))
+    if args.command == "report":
+        return labs.main_of(lambda: rewrite_report(args.results))
+
+    def everything() -> list[Path]:
+        with labs.squad_service(args.base_config, args.out, "citations", args.index) as url:
+            return _run(args, url, client)
+
+    return labs.main_of(everything)
 
 
 def rewrite_report(results: Path) -> list[Path]:

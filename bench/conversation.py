@@ -41,6 +41,7 @@ from typing import Any
 import httpx
 
 from app.schemas import RagQueryResponse
+from bench import labs
 from bench.client import (
     LabError,
     auth_headers,
@@ -58,10 +59,10 @@ from bench.conversation_pairs import (
     write_pairs,
 )
 from bench.conversation_report import render_markdown, summarize
-from bench.labs import squad_service
-from bench.outputs import label, positive_float, positive_int, write_json_and_markdown
-from bench.quality import DEFAULT_INDEX_DIR, QualityError, check_ready
-from bench.squad import DEFAULT_CACHE_DIR, SQUAD_DEV_FILENAME, SquadFormatError, load_squad
+from bench.labs import DEFAULT_BUDGET_S, DEFAULT_TIMEOUT_S, DEFAULT_TOP_K
+from bench.outputs import positive_int, write_json_and_markdown
+from bench.quality import DEFAULT_INDEX_DIR, check_ready
+from bench.squad import DEFAULT_CACHE_DIR, SQUAD_DEV_FILENAME, load_squad
 from bench.squad_metrics import document_id
 from harness.service import ROOT
 
@@ -69,9 +70,6 @@ logger = logging.getLogger(__name__)
 
 CONDITIONS = ("full", "last", "join", "rewrite")
 FOLLOW_UP_CONDITIONS = ("last", "join", "rewrite")
-DEFAULT_TOP_K = 5
-DEFAULT_TIMEOUT_S = 180.0
-DEFAULT_BUDGET_S = 3600.0
 # A question about the docs corpus is fine too: the warm-up only fills the prefix cache.
 WARM_UP_HISTORY = [
     {"role": "user", "content": "Who won the game?"},
@@ -279,35 +277,32 @@ def run_lab(
     pair_set = load_pairs(settings.pairs_path)
     headers = auth_headers(api_key)
     check_ready(client, settings.timeout_s)
-    started_at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-    started = time.perf_counter()
+    started = labs.started_now()
     warm_up_errors = warm_up(client, settings, headers)
     results, pairs_sent = run_pairs(client, pair_set, settings, headers, clock)
     summary = summarize(results, settings.conditions, settings.top_k)
-    config = {
-        **{k: str(v) if isinstance(v, Path) else v for k, v in asdict(settings).items()},
-        "pairs": len(pair_set.pairs),
-        "pairs_sent": pairs_sent,
-        "budget_spent": pairs_sent < len(pair_set.pairs),
-        "pair_seed": pair_set.seed,
-        "history_note": HISTORY_NOTE,
-        "request": {
-            "max_tokens": 1,
-            "compression": {"method": "none"},
-            "include_context": False,
-            "citations": False,
+    doc = labs.document(
+        settings,
+        started,
+        {
+            "pairs": len(pair_set.pairs),
+            "pairs_sent": pairs_sent,
+            "budget_spent": pairs_sent < len(pair_set.pairs),
+            "pair_seed": pair_set.seed,
+            "history_note": HISTORY_NOTE,
+            "request": {
+                "max_tokens": 1,
+                "compression": {"method": "none"},
+                "include_context": False,
+                "citations": False,
+            },
+            "warm_up_errors": warm_up_errors,
         },
-        "warm_up_errors": warm_up_errors,
-        "started_at": started_at,
-        "elapsed_s": round(time.perf_counter() - started, 1),
-    }
-    document = {
-        "config": config,
-        "summary": asdict(summary),
-        "results": [asdict(r) for r in results],
-    }
+        asdict(summary),
+        results,
+    )
     return write_json_and_markdown(
-        settings.out_dir, settings.label, document, render_markdown(config, summary)
+        settings.out_dir, settings.label, doc, render_markdown(doc["config"], summary)
     )
 
 
@@ -326,14 +321,8 @@ def _add_build_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _add_run_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--api-key", default=None, help="sent as Authorization: Bearer")
-    parser.add_argument("--top-k", type=positive_int, default=DEFAULT_TOP_K)
+    labs.add_request_arguments(parser, "conversation", "all the pairs")
     parser.add_argument("--modes", nargs="+", choices=CONDITIONS, default=list(CONDITIONS))
-    parser.add_argument("--timeout-s", type=positive_float, default=DEFAULT_TIMEOUT_S)
-    parser.add_argument(
-        "--budget-s", type=positive_float, default=DEFAULT_BUDGET_S, help="for all the pairs"
-    )
-    parser.add_argument("--label", type=label, default="conversation", help="output stem")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -363,25 +352,18 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None, *, client: httpx.Client | None = None) -> int:
     """CLI entry point; `client` replaces the HTTP client `run` would open (for tests)."""
     args = _parser().parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
-    logging.getLogger("httpx").setLevel(logging.WARNING)
-    try:
-        if args.command == "build":
-            print(_build(args.squad_file, args.n, args.seed, args.out))
-            return 0
-        if args.command == "run":
-            written = _run(args, args.url, args.pairs, args.out, client)
-        else:
-            args.out.mkdir(parents=True, exist_ok=True)
-            pairs_path = _build(args.squad_file, args.n, args.seed, args.out / "pairs.json")
-            with squad_service(args.base_config, args.out, "conversation", args.index) as url:
-                written = _run(args, url, pairs_path, args.out, client)
-    except (LabError, QualityError, SquadFormatError, OSError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
-    for path in written:
-        print(path)
-    return 0
+    if args.command == "build":
+        return labs.main_of(lambda: [_build(args.squad_file, args.n, args.seed, args.out)])
+    if args.command == "run":
+        return labs.main_of(lambda: _run(args, args.url, args.pairs, args.out, client))
+
+    def everything() -> list[Path]:
+        args.out.mkdir(parents=True, exist_ok=True)
+        pairs_path = _build(args.squad_file, args.n, args.seed, args.out / "pairs.json")
+        with labs.squad_service(args.base_config, args.out, "conversation", args.index) as url:
+            return _run(args, url, pairs_path, args.out, client)
+
+    return labs.main_of(everything)
 
 
 def _build(squad_file: Path, n: int, seed: int, out: Path) -> Path:

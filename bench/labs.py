@@ -1,5 +1,10 @@
 """What the conversation and citation labs share (bench.conversation, bench.citations).
 
+- `add_request_arguments` / `main_of`: the request options both take, and the command
+  line's frame: logging, the one place errors become a message and exit status 1, and
+  the written paths printed.
+- `started_now` / `document`: the run's clock, and the JSON document every lab writes
+  (config with the settings and timing, summary, one row per request).
 - `squad_service`: serve_config.yaml with `retriever.index_path` on the SQuAD index
   (`python -m bench.quality prepare` builds it), started and stopped by harness.service, the
   way bench.suite starts its variants.
@@ -7,14 +12,77 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+import argparse
+import logging
+import sys
+import time
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
+from dataclasses import asdict
 from pathlib import Path
+from typing import Any
 
 from bench import quality
 from bench.client import LabError
+from bench.outputs import label, positive_float, positive_int
+from bench.squad import SquadFormatError
 from harness.service import ROOT, free_port, running_service
 from harness.variant import write_variant
+
+DEFAULT_TIMEOUT_S = 180.0
+DEFAULT_BUDGET_S = 3600.0
+DEFAULT_TOP_K = 5
+
+
+def add_request_arguments(parser: argparse.ArgumentParser, name: str, budget_of: str) -> None:
+    """--api-key, --top-k, --timeout-s, --budget-s and --label (default `name`)."""
+    parser.add_argument("--api-key", default=None, help="sent as Authorization: Bearer")
+    parser.add_argument("--top-k", type=positive_int, default=DEFAULT_TOP_K)
+    parser.add_argument("--timeout-s", type=positive_float, default=DEFAULT_TIMEOUT_S)
+    parser.add_argument(
+        "--budget-s", type=positive_float, default=DEFAULT_BUDGET_S, help=f"for {budget_of}"
+    )
+    parser.add_argument("--label", type=label, default=name, help="output stem")
+
+
+def main_of(run: Callable[[], list[Path]]) -> int:
+    """Run a lab's command: its written paths printed, exit 0; a LabError, QualityError,
+    SquadFormatError or OSError printed as one line, exit 1."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    # httpx logs every request at INFO; the labs log their own line per request.
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    try:
+        written = run()
+    except (LabError, quality.QualityError, SquadFormatError, OSError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    for path in written:
+        print(path)
+    return 0
+
+
+def started_now() -> tuple[str, float]:
+    """The start as UTC text, and a perf_counter reading to time the run from."""
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), time.perf_counter()
+
+
+def document(
+    settings: Any, started: tuple[str, float], config: Mapping[str, Any], summary: Any, rows: Any
+) -> dict[str, Any]:
+    """{config, summary, results}: the settings (paths as text) and the run's timing first
+    in config, then the lab's own keys."""
+    settings_data = {k: str(v) if isinstance(v, Path) else v for k, v in asdict(settings).items()}
+    return {
+        "config": {
+            **settings_data,
+            **config,
+            "started_at": started[0],
+            "elapsed_s": round(time.perf_counter() - started[1], 1),
+        },
+        "summary": summary,
+        "results": [asdict(r) for r in rows],
+    }
+
 
 # --- the service -----------------------------------------------------------------------------
 
