@@ -247,7 +247,9 @@ def compute_floors(
     model: ModelSpec, gpu: GpuSpec, workload: Workload, engine: EngineSettings
 ) -> Floors:
     """All floors for one configuration. When the concurrency exceeds what fits, only the
-    sequences that fit run; the rest wait."""
+    sequences that fit run; the rest wait. The matmuls run at the rate of the weights'
+    kind (GpuSpec.compute_peak: W8A8 on the 8-bit tensor cores)."""
+    gpu = gpu.for_quantization(engine.quantization)
     weights = weight_bytes(model, engine.quantization)
     per_token = kv_bytes_per_token(model, engine.kv_dtype)
     budget = kv_budget_bytes(gpu, weights, engine)

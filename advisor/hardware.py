@@ -7,7 +7,7 @@ more (an "80 GB" H100 shows ~85e9 bytes), so fits computed from these are slight
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TypeVar
 
 GB = 1e9
@@ -36,14 +36,30 @@ _Spec = TypeVar("_Spec")
 class GpuSpec:
     """One accelerator: what bounds decode (bandwidth), prefill (FLOP/s) and the KV cache (memory).
 
-    `peak_flops_per_s` is the dense (no 2:4 sparsity) tensor-core rate for the compute dtype,
-    bf16/fp16 in the presets; pass a custom figure for fp8 or int8 activations.
+    `peak_flops_per_s` is the dense (no 2:4 sparsity) bf16/fp16 tensor-core rate; the 8-bit
+    rates are the dense FP8 and INT8 tensor-core rates where the GPU has them (None: it has
+    none, and W8A8 matmuls of that kind run at the 16-bit rate at best).
     """
 
     name: str
     memory_bandwidth_bytes_per_s: float
     peak_flops_per_s: float
     memory_bytes: float
+    peak_fp8_flops_per_s: float | None = None
+    peak_int8_ops_per_s: float | None = None
+
+    def compute_peak(self, quantization: str) -> float:
+        """The tensor-core rate the matmuls of `quantization` run at. fp8 and int8 are W8A8
+        (vLLM quantizes the activations too), so they run on the 8-bit tensor cores where
+        there are some: on an H200, FP8 took 0.51x the bf16 time on a 4,096-token layer
+        (docs/gpu-profile.md). The 4-bit formats (AWQ, GPTQ, int4) are W4A16: their kernels
+        dequantize to bf16 and run at the 16-bit rate."""
+        eight_bit = {"fp8": self.peak_fp8_flops_per_s, "int8": self.peak_int8_ops_per_s}
+        return eight_bit.get(quantization) or self.peak_flops_per_s
+
+    def for_quantization(self, quantization: str) -> GpuSpec:
+        """This GPU with `peak_flops_per_s` the rate `quantization`'s matmuls run at."""
+        return replace(self, peak_flops_per_s=self.compute_peak(quantization))
 
     @property
     def ridge_flops_per_byte(self) -> float:
@@ -75,16 +91,19 @@ GPUS: dict[str, GpuSpec] = {
     # No public NVIDIA datasheet for this AWS-only part; figures as AWS/NVIDIA publish them in
     # spec comparisons (the A10 has the same memory but 125 dense bf16 TFLOPS).
     "a10g": GpuSpec("A10G", 600 * GB, 70 * TFLOPS, 24 * GB),
-    # Vendor datasheet (NVIDIA L4): 242 bf16 TFLOPS with sparsity -> 121 dense, 300 GB/s GDDR6.
-    "l4": GpuSpec("L4", 300 * GB, 121 * TFLOPS, 24 * GB),
-    # Vendor datasheet (NVIDIA A100, SXM): 312 dense bf16 TFLOPS; 1,555 GB/s HBM2.
-    "a100-40gb": GpuSpec("A100-40GB", 1555 * GB, 312 * TFLOPS, 40 * GB),
+    # Vendor datasheet (NVIDIA L4): 242 bf16 TFLOPS with sparsity -> 121 dense, 300 GB/s GDDR6;
+    # FP8 485 TFLOPS and INT8 485 TOPS with sparsity -> 242.5 dense.
+    "l4": GpuSpec("L4", 300 * GB, 121 * TFLOPS, 24 * GB, 242.5 * TFLOPS, 242.5 * TFLOPS),
+    # Vendor datasheet (NVIDIA A100, SXM): 312 dense bf16 TFLOPS; 1,555 GB/s HBM2; INT8 624
+    # dense TOPS; no FP8 tensor cores.
+    "a100-40gb": GpuSpec("A100-40GB", 1555 * GB, 312 * TFLOPS, 40 * GB, None, 624 * TFLOPS),
     # Vendor datasheet (NVIDIA A100, SXM): 312 dense bf16 TFLOPS; 2,039 GB/s HBM2e.
-    "a100-80gb": GpuSpec("A100-80GB", 2039 * GB, 312 * TFLOPS, 80 * GB),
-    # Vendor datasheet (NVIDIA H100 SXM5): 1,979 bf16 TFLOPS with sparsity -> 989 dense.
-    "h100-sxm": GpuSpec("H100-SXM", 3350 * GB, 989 * TFLOPS, 80 * GB),
+    "a100-80gb": GpuSpec("A100-80GB", 2039 * GB, 312 * TFLOPS, 80 * GB, None, 624 * TFLOPS),
+    # Vendor datasheet (NVIDIA H100 SXM5): 1,979 bf16 TFLOPS with sparsity -> 989 dense; FP8
+    # 3,958 TFLOPS and INT8 3,958 TOPS with sparsity -> 1,979 dense.
+    "h100-sxm": GpuSpec("H100-SXM", 3350 * GB, 989 * TFLOPS, 80 * GB, 1979 * TFLOPS, 1979 * TFLOPS),
     # Vendor datasheet (NVIDIA H200 SXM): H100's compute, 4.8 TB/s HBM3e, 141 GB.
-    "h200": GpuSpec("H200", 4800 * GB, 989 * TFLOPS, 141 * GB),
+    "h200": GpuSpec("H200", 4800 * GB, 989 * TFLOPS, 141 * GB, 1979 * TFLOPS, 1979 * TFLOPS),
 }
 
 MODELS: dict[str, ModelSpec] = {

@@ -49,13 +49,16 @@ def recommend(
 ) -> list[Recommendation]:
     """Each technique of this project with its gain, recomputed from the same floors."""
     floors = compute_floors(model, gpu, workload, engine)
+    # compute_floors takes the preset and picks the rate of each setting's weights; the two
+    # that reason about compute themselves take the current weights' rate.
+    at_rate = gpu.for_quantization(engine.quantization)
     bottleneck, _ = classify(floors)
     return [
         *_weight_quantization(model, gpu, workload, engine, floors),
         _kv_quantization(model, gpu, workload, engine, floors),
-        _speculative_decoding(model, gpu, workload, engine, techniques, floors, bottleneck),
+        _speculative_decoding(model, at_rate, workload, engine, techniques, floors, bottleneck),
         _prompt_compression(model, gpu, workload, engine, techniques, floors),
-        _prefix_caching(model, gpu, workload, engine, floors, bottleneck),
+        _prefix_caching(model, at_rate, workload, engine, floors, bottleneck),
         _replicas(model, gpu, workload, engine, floors),
     ]
 
@@ -81,7 +84,8 @@ def _weight_quantization(
                 speedup,
                 f"weights {floors.weight_bytes / GB:.2f} -> {after.weight_bytes / GB:.2f} GB "
                 f"(x{floors.weight_bytes / after.weight_bytes:.2f} fewer bytes); TPOT floor "
-                f"{floors.tpot_floor_ms:.1f} -> {after.tpot_floor_ms:.1f} ms; sequences that "
+                f"{floors.tpot_floor_ms:.1f} -> {after.tpot_floor_ms:.1f} ms, TTFT floor "
+                f"{floors.ttft_floor_ms:.1f} -> {after.ttft_floor_ms:.1f} ms; sequences that "
                 f"fit {floors.max_concurrent_sequences} -> {after.max_concurrent_sequences}",
             )
         )

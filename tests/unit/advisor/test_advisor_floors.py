@@ -259,3 +259,39 @@ def test_speculative_decoding_loses_at_high_concurrency_when_compute_bound():
 def test_workload_rejects_a_fully_cached_prompt():
     with pytest.raises(ValueError, match="cached_tokens"):
         Workload(100, 10, cached_tokens=100)
+
+
+# --- the rate each kind of weights runs at -----------------------------------------------------
+
+
+def test_w8a8_runs_on_the_8_bit_tensor_cores_and_w4a16_at_the_16_bit_rate():
+    h200 = GPUS["h200"]
+
+    assert h200.compute_peak("bf16") == 989e12
+    assert h200.compute_peak("fp8") == h200.compute_peak("int8") == 1979e12
+    assert h200.compute_peak("awq") == h200.compute_peak("gptq") == 989e12
+    # No FP8 tensor cores on an A100 (INT8 yes); none given for the A10G.
+    assert GPUS["a100-80gb"].compute_peak("fp8") == 312e12
+    assert GPUS["a100-80gb"].compute_peak("int8") == 624e12
+    assert GPUS["a10g"].compute_peak("int8") == GPUS["a10g"].peak_flops_per_s
+
+
+def test_fp8_halves_the_prefill_compute_floor_where_awq_does_not():
+    workload = Workload(prompt_tokens=4000, output_tokens=100, concurrency=1)
+    floors = {
+        q: compute_floors(LLAMA_8B, GPUS["h200"], workload, EngineSettings(quantization=q))
+        for q in ("bf16", "fp8", "awq")
+    }
+
+    # 1,979 against 989 dense TFLOPS: half, to the datasheet's rounding.
+    assert floors["fp8"].prefill_compute_floor_ms == pytest.approx(
+        floors["bf16"].prefill_compute_floor_ms / 2, rel=1e-3
+    )
+    assert floors["awq"].prefill_compute_floor_ms == close(floors["bf16"].prefill_compute_floor_ms)
+    # And decode, bound by the bytes, gains from both.
+    assert floors["fp8"].tpot_floor_ms < floors["bf16"].tpot_floor_ms
+    assert floors["awq"].tpot_floor_ms < floors["fp8"].tpot_floor_ms
+
+
+def test_a_gpu_without_8_bit_rates_keeps_its_16_bit_rate():
+    assert TOY_GPU.for_quantization("fp8") == TOY_GPU
