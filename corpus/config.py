@@ -55,6 +55,20 @@ class CollectionsConfig(StrictModel):
     max_upload_bytes: int = Field(
         33_554_432, ge=1024, description="Largest documents upload (JSON or multipart) body."
     )
+    parse_timeout_s: float = Field(
+        30.0,
+        gt=0,
+        description="Longest parse of one uploaded PDF or HTML file, wall-clock (the parse "
+        "runs at the job's CPU priority: under a load that takes every core it gets less); "
+        "it runs in a child process that is killed past it, and the file fails with a clear "
+        "error while the job goes on (corpus/parse_worker.py).",
+    )
+    parse_memory_mb: int = Field(
+        1024,
+        ge=64,
+        description="Memory one PDF or HTML parse may take beyond what its process starts "
+        "with (an address-space cap on Linux); past it the file fails, the job goes on.",
+    )
     max_documents_per_request: int = Field(
         1000, ge=1, description="Documents or files one add request may carry."
     )
@@ -85,7 +99,7 @@ class CollectionsConfig(StrictModel):
         "preempts the query path's threads; under a load that keeps every CPU busy, jobs "
         "wait. 'nice': `job_niceness`, a smaller share but never starved (on 2 cores under "
         "continuous ingestion, query p99 was 2.22x the quiet phases' with nice 10 and 0.94x "
-        "with SCHED_IDLE: docs/benchmarks.md).",
+        "with SCHED_IDLE: docs/retired.md, bench.ingestion).",
     )
     job_niceness: int = Field(
         10,

@@ -22,6 +22,7 @@ import threading
 import time
 import uuid
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -157,10 +158,13 @@ class Ingestor:
         version_grace_s: float = 300.0,
         lock_timeout_s: float = 60.0,
         cpu_share: float = 1.0,
+        parse: Callable[[str, bytes, str | None], list[Document]] = parse_upload,
     ) -> None:
         """`cpu_share` (0-1] bounds the job's use of its CPU: after each block of embedding
         it pauses for as long as (1 - share) / share times the block took, so ingestion
-        leaves the rest to queries (1.0: no pause)."""
+        leaves the rest to queries (1.0: no pause). `parse` reads one uploaded file
+        (corpus.parse_worker.BoundedParser in the service: risky formats in a child process
+        with a time and memory limit)."""
         if not 0 < cpu_share <= 1:
             raise ValueError("cpu_share must be in (0, 1]")
         self.store = store
@@ -172,6 +176,7 @@ class Ingestor:
         self._version_grace_s = version_grace_s
         self._lock_timeout_s = lock_timeout_s
         self._cpu_share = cpu_share
+        self._parse = parse
 
     def run(self, job: JobRecord, work: JobInput, on_progress=lambda job: None) -> None:
         """Run `job` to the end: `job` holds the outcome (never raises for bad input or a
@@ -218,7 +223,7 @@ class Ingestor:
         for where, source in sources:
             try:
                 read = (
-                    parse_upload(source.filename, source.content, source.content_type)
+                    self._parse(source.filename, source.content, source.content_type)
                     if isinstance(source, Upload)
                     else documents_from_records([source], where=where)
                 )

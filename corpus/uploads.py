@@ -87,15 +87,24 @@ def documents_from_records(records: object, where: str = "request") -> list[Docu
     return documents
 
 
-def _suffix_of(label: str, filename: str, content_type: str | None) -> str:
+def upload_suffix(filename: str, content_type: str | None) -> str | None:
+    """The supported suffix a file is read by: its name's, else its content type's; None
+    when neither is supported."""
     suffix = PurePosixPath(_base_name(filename)).suffix.lower()
     if suffix in SUPPORTED_SUFFIXES:
         return suffix
     media_type = (content_type or "").split(";")[0].strip().lower()
-    if media_type in _SUFFIX_BY_CONTENT_TYPE:
-        return _SUFFIX_BY_CONTENT_TYPE[media_type]
+    return _SUFFIX_BY_CONTENT_TYPE.get(media_type)
+
+
+def _suffix_of(label: str, filename: str, content_type: str | None) -> str:
+    suffix = upload_suffix(filename, content_type)
+    if suffix is not None:
+        return suffix
+    named = PurePosixPath(_base_name(filename)).suffix.lower()
+    media_type = (content_type or "").split(";")[0].strip().lower()
     raise UnsupportedUpload(
-        f"{label}: unsupported file type (suffix {suffix or 'none'}, content type "
+        f"{label}: unsupported file type (suffix {named or 'none'}, content type "
         f"{media_type or 'none'}); supported: {', '.join(SUPPORTED_SUFFIXES)}"
     )
 

@@ -29,6 +29,7 @@ from corpus.collection_store import (
 )
 from corpus.ingestion import Ingestor, JobBook, JobInput, JobRecord
 from corpus.job_thread import job_executor
+from corpus.parse_worker import MIB, BoundedParser, ParseLimits
 from deployments.collection_metrics import IngestionMetrics
 from pipeline.config_base import PROJECT_ROOT, resolve_path
 from pipeline.log import get_logger
@@ -66,6 +67,9 @@ class CollectionWriterDeployment:
             version_grace_s=settings.version_grace_s,
             lock_timeout_s=settings.writer_lock_timeout_s,
             cpu_share=settings.job_cpu_share,
+            parse=BoundedParser(
+                ParseLimits(settings.parse_timeout_s, settings.parse_memory_mb * MIB)
+            ),
         )
         self._default_path = resolve_path(config.retriever.index_path)
         self._default = describe_shipped(self._default_path)

@@ -116,11 +116,17 @@ def write_config(folder: Path, adjust: Any = None) -> tuple[Path, int, dict[str,
     return path, port, application
 
 
+# A crafted upload's parse is stopped after this long in the shared service (30 s shipped).
+PARSE_TIMEOUT_S = 3.0
+
+
 def two_replicas_each(application: dict[str, Any]) -> None:
-    """Two retrievers and two compressors, with CPU reservations that fit two cores."""
+    """Two retrievers and two compressors, with CPU reservations that fit two cores; and a
+    short parse limit, so the test of a crafted PDF waits seconds, not the shipped 30."""
     args = application["args"]
     args["retriever"]["deployment"].update(num_replicas=2, num_cpus=0.1)
     args["compression"]["deployment"].update(num_replicas=2, num_cpus=0.2)
+    args["collections"]["parse_timeout_s"] = PARSE_TIMEOUT_S
 
 
 def service_env(folder: Path) -> dict[str, str]:

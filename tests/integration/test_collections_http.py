@@ -19,6 +19,8 @@ from pathlib import Path
 
 import httpx
 import pytest
+from crafted_pdfs import slow_pdf
+from services import PARSE_TIMEOUT_S
 
 pytestmark = pytest.mark.integration
 
@@ -254,6 +256,34 @@ def test_uploaded_files_become_documents_and_unreadable_ones_are_reported(client
     assert answer["sources"][0]["id"].startswith("lantern-festival#")
     answer = query(client, "uploads", "What is the name of the kelp harvesting barge?")
     assert answer["sources"][0]["id"].startswith("kelp-farms#")
+
+
+def test_a_pdf_that_keeps_the_parser_busy_fails_alone_and_other_jobs_go_on(client):
+    # Four pages whose 4 KB streams inflate to 5 MB of operators that show nothing: pypdf would
+    # walk them for 20 s here (many such pages: for hours). The writer parses it in a child
+    # process stopped at the parse limit; the job's other file and the next job are served.
+    create(client, "crafted")
+    create(client, "bystander")
+    files = [
+        ("files", ("slow.pdf", slow_pdf(pages=4), "application/pdf")),
+        ("files", ("notes.md", b"# Notes\nThe crafted file did not stop this one.", None)),
+    ]
+
+    crafted = client.post("/v1/collections/crafted/documents", files=files)
+    bystander = client.post(
+        "/v1/collections/bystander/documents",
+        json={"documents": [{"id": "calm", "text": "Nothing here is crafted."}]},
+    )
+
+    assert crafted.status_code == bystander.status_code == 202
+    job = finished(client, crafted.json())
+    assert job["status"] == "succeeded" and job["counts"]["added"] == 1, job
+    assert job["errors"] == [
+        {"document": "slow.pdf", "message": f"slow.pdf: parsing took longer than "
+         f"{PARSE_TIMEOUT_S:g} s and was stopped; the file was skipped"}
+    ]  # fmt: skip
+    assert finished(client, bystander.json())["status"] == "succeeded"
+    assert query(client, "crafted", "What did the crafted file not stop?")["sources"]
 
 
 def test_a_replaced_document_is_served_only_in_its_new_text(client):

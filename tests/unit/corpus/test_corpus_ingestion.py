@@ -9,12 +9,14 @@ import functools
 from pathlib import Path
 
 import pytest
+from crafted_pdfs import slow_pdf
 from index_fakes import HashEmbedder
 
 from corpus import ingestion
 from corpus.catalog import CollectionEmpty, RetrieverCatalog, SentenceStoreCatalog
 from corpus.collection_store import CollectionNotFound, CollectionStore
 from corpus.ingestion import Ingestor, JobBook, JobInput, Upload
+from corpus.parse_worker import BoundedParser, ParseLimits
 from pipeline.messages import DEFAULT_COLLECTION
 from retrieval.chunking import ChunkingParams
 from retrieval.index import FaissIndex
@@ -76,6 +78,20 @@ def test_unreadable_documents_are_reported_and_the_rest_published(ingestor, jobs
     assert job.counts["added"] == 3 and job.counts["unreadable"] == 3
     assert [error["document"] for error in job.errors] == ["documents[2]", "documents[3]", "x.exe"]
     assert "more than once" in job.errors[1]["message"]
+
+
+def test_a_pdf_that_keeps_the_parser_busy_fails_alone_and_the_job_goes_on(store, jobs):
+    parse = BoundedParser(ParseLimits(timeout_s=1))
+    ingestor = Ingestor(store, HashEmbedder(), MODEL, ChunkingParams(32, 4), parse=parse)
+    work = JobInput(files=(Upload("slow.pdf", slow_pdf()), Upload("notes.md", b"# Notes\nKept.")))
+
+    job = run(ingestor, jobs, work)
+
+    assert job.status == "succeeded" and job.counts["added"] == 1
+    assert job.errors == [
+        {"document": "slow.pdf", "message": "slow.pdf: parsing took longer than 1 s and was "
+         "stopped; the file was skipped"}
+    ]  # fmt: skip
 
 
 def test_a_job_with_nothing_readable_fails_and_publishes_nothing(ingestor, jobs, store):
