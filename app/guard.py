@@ -3,7 +3,9 @@ the request id, the API key (401), the key's scope where the URL names the colle
 (403), and the per-key rate limit (429).
 
 Auth runs before the body is parsed: an unauthenticated caller learns nothing about the
-request format. Keys are compared in constant time.
+request format. Keys are compared in constant time. A refused request that carries a body
+is answered with `Connection: close`, so the server drops the connection instead of
+reading the rest of a body nobody asked for (to keep the connection for another request).
 """
 
 from __future__ import annotations
@@ -36,6 +38,8 @@ class RequestGuard:
         if scope["path"].startswith("/v1/"):
             refusal = _refusal(state, scope)
             if refusal is not None:
+                if _has_body(scope):
+                    send = _with_header(send, b"connection", b"close")
                 await error_response(refusal, request_id)(scope, receive, send)
                 return
         await self.app(scope, receive, send)
@@ -83,6 +87,14 @@ def _refusal(state: Any, scope: Scope) -> ApiError | None:
         if wait_s is not None:
             return rate_limited(wait_s)
     return None
+
+
+def _has_body(scope: Scope) -> bool:
+    """Whether the request announces a body: chunked, or a Content-Length above 0."""
+    length = _header(scope, b"content-length")
+    return _header(scope, b"transfer-encoding") is not None or (
+        length is not None and length.strip() not in ("", "0")
+    )
 
 
 def _header(scope: Scope, name: bytes) -> str | None:

@@ -504,7 +504,7 @@ async def _call_without_reading(api, path: str, headers: list[tuple[bytes, bytes
         "client": ("127.0.0.1", 5000), "server": ("127.0.0.1", 8000),
     }  # fmt: skip
     await api(scope, receive, send)
-    return sent[0]["status"], asked
+    return sent[0]["status"], asked, dict(sent[0]["headers"])
 
 
 @pytest.mark.parametrize("path", [QUERY, "/v1/collections/notes/documents"])
@@ -514,9 +514,17 @@ def test_no_body_byte_is_read_before_the_key_is_checked(path, headers):
 
     api = create_api(make_state(settings=Settings(environment="production", api_keys=(KEY,))))
 
-    status, asked = asyncio.run(_call_without_reading(api, path, headers))
+    status, asked, answered = asyncio.run(_call_without_reading(api, path, headers))
 
     assert (status, asked) == (401, 0)
+    # And the server may drop the connection rather than read the rest to keep it.
+    assert answered[b"connection"] == b"close"
+
+
+def test_a_refusal_without_a_body_keeps_the_connection(secured):
+    response = secured.get("/v1/models")
+
+    assert response.status_code == 401 and "connection" not in response.headers
 
 
 def test_a_chunked_body_past_the_limit_from_a_valid_key_is_413(client_for):
@@ -525,7 +533,7 @@ def test_a_chunked_body_past_the_limit_from_a_valid_key_is_413(client_for):
     api = create_api(make_state(settings=Settings(environment="production", api_keys=(KEY,))))
     headers = [(b"authorization", f"Bearer {KEY}".encode())]
 
-    status, asked = asyncio.run(_call_without_reading(api, QUERY, headers))
+    status, asked, _ = asyncio.run(_call_without_reading(api, QUERY, headers))
 
     # The default body limit is 256 KiB: the fifth 64 KiB chunk passes it.
     assert (status, asked) == (413, 5)
