@@ -184,7 +184,7 @@ def main(argv: list[str] | None = None) -> int:
     document = {
         "command": f"python -m bench.upload_flood --out {args.out} --requests {args.requests} "
         f"--mib {args.mib:g}" + "".join(f" --env {v}" for v in args.env),
-        "cpu": _cpu(),
+        "cpu": cpu_name(),
         "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "requests": args.requests,
         "body_bytes": int(args.mib * (1 << 20)),
@@ -214,7 +214,7 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _cpu() -> str:
+def cpu_name() -> str:
     for line in Path("/proc/cpuinfo").read_text().splitlines():
         if line.startswith("model name"):
             return f"{line.split(':', 1)[1].strip()}, {psutil.cpu_count()} cores"

@@ -1,0 +1,130 @@
+"""How fast the service refuses what it cannot take: a burst of concurrent queries past its
+admission limit, timed at the client from send to the response's headers.
+
+    python -m bench.refusal --out docs/results/refusal [--requests 150]
+        [--env RAY_SERVE_ENABLE_DIRECT_INGRESS=1 --env RAY_SERVE_ENABLE_HA_PROXY=1]
+
+Starts serve_config.yaml as shipped (keys required; only the port changed; `--env` adds
+variables to `serve run`'s environment), warms it up, then sends `--requests`
+`/v1/rag/query` at once with a valid key (`max_tokens` 32). The ingress admits what the
+generators can take and refuses the rest with 503 and Retry-After; what matters to a client
+is how soon it hears so, and that the refusal is in the OpenAI error shape. Every request's
+status, error code, body shape and time are kept in `<name>.json`; the table gives the
+time to refuse (p50, p99 with 95% bootstrap intervals) and the statuses.
+
+The goal it checks (issue 29): p99 time-to-refuse <= 100 ms at 150 concurrent requests,
+and no response >= 500 other than 503.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import secrets
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from bench.stats import fmt_interval, interval_dict, one_sample, quantile
+from bench.tables import markdown_table
+from bench.upload_flood import cpu_name
+from harness.service import ROOT, free_port, started_service
+from harness.variant import write_variant
+
+QUESTION = "How does prefix caching lower the time to first token?"
+
+
+async def _query(client: httpx.AsyncClient, key: str) -> dict[str, Any]:
+    body = {"question": QUESTION, "max_tokens": 32}
+    started = time.perf_counter()
+    try:
+        request = client.build_request(
+            "POST", "/v1/rag/query", json=body, headers={"Authorization": f"Bearer {key}"}
+        )
+        response = await client.send(request, stream=True)
+        headers_ms = (time.perf_counter() - started) * 1e3
+        content = await response.aread()
+        await response.aclose()
+    except httpx.HTTPError as exc:
+        return {"status": None, "error": type(exc).__name__, "ms": None}
+    outcome: dict[str, Any] = {"status": response.status_code, "ms": headers_ms}
+    try:
+        error = json.loads(content).get("error")
+        outcome["shape"] = "openai" if isinstance(error, dict) else "json"
+        outcome["code"] = error.get("code") if isinstance(error, dict) else None
+    except ValueError:
+        outcome |= {"shape": "not json", "code": None, "text": content[:120].decode("latin-1")}
+    outcome["retry_after"] = response.headers.get("retry-after")
+    return outcome
+
+
+async def burst(base_url: str, key: str, requests: int) -> list[dict[str, Any]]:
+    limits = httpx.Limits(max_connections=requests, max_keepalive_connections=0)
+    async with httpx.AsyncClient(
+        base_url=base_url, timeout=300, limits=limits, trust_env=False
+    ) as client:
+        return list(await asyncio.gather(*(_query(client, key) for _ in range(requests))))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--requests", type=int, default=150)
+    parser.add_argument("--env", action="append", default=[], help="KEY=VALUE for serve run")
+    args = parser.parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    name = "refusal-" + ("-".join(v.split("=")[0].lower() for v in args.env) or "shipped")
+    port = free_port()
+    config = write_variant(ROOT / "serve_config.yaml", {}, args.out / f"{name}.serve.yaml", port)
+    key = secrets.token_urlsafe(24)
+    env = {"RAG_API_KEYS": key, **dict(v.split("=", 1) for v in args.env)}
+    with started_service(config, port, args.out / f"{name}.serve.log", env) as service:
+        with httpx.Client(base_url=service.base_url, trust_env=False, timeout=600) as client:
+            client.post(  # the first request pays kernel warm-up; not timed
+                "/v1/rag/query",
+                json={"question": QUESTION, "max_tokens": 4},
+                headers={"Authorization": f"Bearer {key}"},
+            ).raise_for_status()
+        started = time.perf_counter()
+        outcomes = asyncio.run(burst(service.base_url, key, args.requests))
+        burst_s = time.perf_counter() - started
+    statuses = Counter(
+        f"{o['status']} {o.get('code') or ''} ({o.get('shape', o.get('error'))})".strip()
+        for o in outcomes
+    )
+    refused = [o["ms"] for o in outcomes if o["status"] == 503 and o["ms"] is not None]
+    p99 = one_sample(refused, quantile(99))
+    p50 = one_sample(refused, quantile(50))
+    document = {
+        "command": f"python -m bench.refusal --out {args.out} --requests {args.requests}"
+        + "".join(f" --env {v}" for v in args.env),
+        "cpu": cpu_name(),
+        "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "requests": args.requests,
+        "burst_s": burst_s,
+        "statuses": dict(statuses),
+        "refused_ms_p50": interval_dict(p50),
+        "refused_ms_p99": interval_dict(p99),
+        "outcomes": outcomes,
+    }
+    (args.out / f"{name}.json").write_text(json.dumps(document, indent=1), encoding="utf-8")
+    table = markdown_table(
+        ["status (shape)", "requests"], [[s, n] for s, n in sorted(statuses.items())], numeric=(1,)
+    )
+    report = (
+        f"{args.requests} concurrent queries with a valid key, {burst_s:.1f} s until the last "
+        f"answer, {document['cpu']}. Time to a 503's headers at the client: p50 "
+        f"{fmt_interval(p50, 0)} ms, p99 {fmt_interval(p99, 0)} ms.\n\n{table}\n"
+    )
+    with (args.out / "README.md").open("a", encoding="utf-8") as readme:
+        readme.write(f"## `{document['command']}`\n\n{document['measured_at']}. {report}\n")
+    print(report)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
