@@ -81,23 +81,26 @@ class CompressorCostConfig(StrictModel):
 
 class CostModelConfig(StrictModel):
     """Coefficients of prepare.cost_model, fitted per generator and machine by
-    `python -m bench.context_sweep`; the defaults were fitted on the 2-core CPU default
-    (SmolLM2-135M fp32 generator, SmolLM2-135M LLMLingua scorer; docs/benchmarks.md)."""
+    `python -m bench.context_sweep`. The defaults are the fits stored in
+    docs/results/context-llmlingua/cost_model.json (prefill, LLMLingua) and
+    docs/results/context-sentences/cost_model.json (sentence selection), made on the
+    2-core CPU default (SmolLM2-135M fp32 generator and LLMLingua scorer); a test holds
+    them equal (tests/unit/prepare/test_prepare_shipped_cost_model.py)."""
 
     prefill_ms_per_token: float = Field(
-        1.3992, ge=0, description="Generator prefill milliseconds per uncached prompt token."
+        1.8198, ge=0, description="Generator prefill milliseconds per uncached prompt token."
     )
     prefill_ms_per_token_squared: float = Field(
-        0.0002266,
+        0.0001412,
         ge=0,
         description="Quadratic term of prefill time (attention) per token squared.",
     )
     sentences: CompressorCostConfig = Field(
-        CompressorCostConfig(ms_per_token=0.0084),
+        CompressorCostConfig(ms_per_token=0.0058, ms_per_chunk=0.21),
         description="Sentence selection's own time (the CPU profile's fit, docs/benchmarks.md).",
     )
     llmlingua: CompressorCostConfig = Field(
-        CompressorCostConfig(ms_per_token=3.7543, ms_per_chunk=116.96),
+        CompressorCostConfig(ms_per_token=2.8682, ms_per_chunk=356.1),
         description="LLMLingua's own time.",
     )
 
