@@ -3,8 +3,11 @@ two replicas of the retriever and of the compressor).
 
 kill -9 of one retriever replica: nothing fails, the calls it held are sent again to the
 other. kill -9 of every compressor replica: requests go on with the uncompressed context,
-flagged `degraded`, until Serve has replaced them. Recovery times and
-the other stages (the generator, its engine, a whole node) are measured by `make chaos`.
+flagged `degraded`, until Serve has replaced them. kill -9 of the vLLM engine process, and
+of the only generator replica: no request fails or hangs; each is answered, refused with
+503 and Retry-After before its first token, or ends its stream with an error event naming
+why; the service answers again once Serve has replaced the replica. Recovery times under
+the scale profile and a whole node's loss are measured by `make chaos`.
 """
 
 from __future__ import annotations
@@ -131,3 +134,54 @@ def test_killing_every_compressor_degrades_then_recovers(service):
             break
         time.sleep(0.5)
     assert body["degraded"] is None and body["compression_method"] == "sentences"
+
+
+def answered_again(service, timeout_s: float = 300) -> float:
+    """Seconds until a query is answered again (Serve replaces a generator in about a
+    minute here: a new replica, a new engine, the model loaded)."""
+    started = time.perf_counter()
+    ask = {"question": QUESTIONS[0], "max_tokens": 4}
+    while time.perf_counter() - started < timeout_s:
+        with contextlib.suppress(httpx.HTTPError):
+            response = httpx.post(
+                f"{service.base_url}/v1/rag/query", json=ask, headers=service.headers,
+                timeout=120,
+            )  # fmt: skip
+            if response.status_code == 200:
+                return time.perf_counter() - started
+        time.sleep(1)
+    pytest.fail(f"no answer {timeout_s} s after the generator's fault")
+
+
+def clean_outcomes(records) -> dict[str, int]:
+    """The tally, after checking that no request failed or hung, every one ended one of the
+    promised ways, and the fault was felt (some request refused or interrupted)."""
+    tally = outcomes.counts(records)
+    assert tally["failed"] == tally["hung"] == 0, (tally, outcomes.failures(records))
+    assert tally["succeeded"] + tally["refused"] + tally["interrupted"] == tally["sent"]
+    assert tally["refused"] + tally["interrupted"] > 0, ("the fault went unnoticed", tally)
+    return tally
+
+
+def test_killing_the_vllm_engine_under_load_ends_cleanly_then_recovers(service):
+    # The replica lives on with a dead engine: its calls end with engine_dead, the health
+    # check fails, and Serve replaces it.
+    [engine] = processes.engine_pids(service.pid)
+
+    records = steady_load(service, 16, kill_after_s=2, victim=lambda: engine, max_tokens=32)
+
+    clean_outcomes(records)
+    codes = {r.error_code for r in records if not r.ok}
+    assert codes <= {"engine_dead", "generator_unavailable", "not_ready"}, codes
+    answered_again(service)
+    assert engine not in processes.engine_pids(service.pid)
+
+
+def test_killing_the_only_generator_under_load_ends_cleanly_then_recovers(service):
+    [generator] = processes.replica_pids(service.pid, "Generator")
+
+    records = steady_load(service, 16, kill_after_s=2, victim=lambda: generator, max_tokens=32)
+
+    clean_outcomes(records)
+    answered_again(service)
+    assert processes.replica_pids(service.pid, "Generator") not in ([], [generator])
