@@ -6,7 +6,8 @@ other. kill -9 of every compressor replica: requests go on with the uncompressed
 flagged `degraded`, until Serve has replaced them. kill -9 of the vLLM engine process, and
 of the only generator replica: no request fails or hangs; each is answered, refused with
 503 and Retry-After before its first token, or ends its stream with an error event naming
-why; the service answers again once Serve has replaced the replica. Recovery times under
+why; the service answers again once Serve has replaced the replica. A client that leaves
+mid-answer: the request is aborted inside vLLM (its own log says so). Recovery times under
 the scale profile and a whole node's loss are measured by `make chaos`.
 """
 
@@ -185,3 +186,39 @@ def test_killing_the_only_generator_under_load_ends_cleanly_then_recovers(servic
     clean_outcomes(records)
     answered_again(service)
     assert processes.replica_pids(service.pid, "Generator") not in ([], [generator])
+
+
+def engine_log_lines(service, needle: str) -> list[str]:
+    """Lines holding `needle` in the logs of the service's own Ray instance."""
+    logs = service.running.ray_tmpdir / "ray" / "session_latest" / "logs"
+    found = []
+    for path in logs.rglob("*"):
+        if path.is_file() and path.suffix in (".log", ".err", ".out"):
+            with contextlib.suppress(OSError):
+                found += [line for line in path.read_text(errors="replace").splitlines()
+                          if needle in line]  # fmt: skip
+    return found
+
+
+def test_a_client_that_leaves_mid_answer_has_its_request_aborted_in_vllm(service):
+    body = {"question": QUESTIONS[1], "stream": True, "max_tokens": 256}
+    with (
+        service.client() as client,
+        client.stream("POST", "/v1/rag/query", json=body) as response,
+    ):
+        assert response.status_code == 200
+        request_id = response.headers["x-request-id"]
+        deltas = 0
+        for line in response.iter_lines():  # leave after the second piece of answer
+            deltas += line == "event: delta"
+            if deltas == 2:
+                break
+    # Closing the client mid-answer: the ingress cancels its call, Serve passes the
+    # cancellation to the generator replica, and vLLM aborts the request.
+    deadline = time.perf_counter() + 60
+    while time.perf_counter() < deadline:
+        taken = engine_log_lines(service, f"{request_id}-")  # vLLM's id: ours, a suffix
+        if any(line.rstrip().endswith("aborted.") for line in taken):
+            return
+        time.sleep(1)
+    pytest.fail(f"vLLM never logged request {request_id} aborted; its lines: {taken[-5:]}")
