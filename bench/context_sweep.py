@@ -48,7 +48,7 @@ from typing import Any
 import httpx
 import numpy as np
 
-from bench.client import warm_up
+from bench.labs import variant_service
 from bench.squad import DEFAULT_CACHE_DIR, SQUAD_DEV_FILENAME, load_squad, sample_questions
 from bench.stats import (
     Interval,
@@ -60,8 +60,8 @@ from bench.stats import (
     sample_mean,
 )
 from bench.tables import markdown_table
-from harness.service import ROOT, free_port, running_service
-from harness.variant import parse_assignment, write_variant
+from harness.service import ROOT
+from harness.variant import parse_assignment
 from prepare.cost_model import CompressionCostModel, CompressorCost, PrefillCost
 from retrieval.models import DEFAULT_EMBEDDING_MODEL
 
@@ -743,10 +743,7 @@ def _run_service(
     phase: str,
     requests: Sequence[SweepRequest],
 ) -> list[SweepRecord]:
-    port = free_port()
-    config = write_variant(args.base_config, overrides, args.out / f"{phase}.serve.yaml", port)
-    with running_service(config, port, args.out / f"{phase}.serve.log") as url:
-        warm_up(url)
+    with variant_service(args.base_config, overrides, args.out, phase) as url:
         return run_phase(url, requests, args.method, args.rate, args.max_tokens)
 
 

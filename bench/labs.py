@@ -1,13 +1,14 @@
-"""What the conversation and citation labs share (bench.conversation, bench.citations).
+"""What the labs share: the command-line frame of the conversation and citation labs, and
+the one way every lab starts a service.
 
 - `add_request_arguments` / `main_of`: the request options both take, and the command
   line's frame: logging, the one place errors become a message and exit status 1, and
   the written paths printed.
 - `started_now` / `document`: the run's clock, and the JSON document every lab writes
   (config with the settings and timing, summary, one row per request).
-- `squad_service`: serve_config.yaml with `retriever.index_path` on the SQuAD index
-  (`python -m bench.quality prepare` builds it), started and stopped by harness.service, the
-  way bench.suite starts its variants.
+- `variant_service`: a service variant (serve_config.yaml with overrides) started, warmed
+  up and stopped, the one way every lab starts its services; `squad_service` is it on the
+  SQuAD index (`python -m bench.quality prepare` builds it).
 """
 
 from __future__ import annotations
@@ -23,11 +24,13 @@ from pathlib import Path
 from typing import Any
 
 from bench import quality
-from bench.client import LabError
+from bench.client import LabError, warm_up
 from bench.outputs import label, positive_float, positive_int
 from bench.squad import SquadFormatError
 from harness.service import ROOT, free_port, running_service
 from harness.variant import write_variant
+
+logger = logging.getLogger(__name__)
 
 DEFAULT_TIMEOUT_S = 180.0
 DEFAULT_BUDGET_S = 3600.0
@@ -88,6 +91,28 @@ def document(
 
 
 @contextmanager
+def variant_service(
+    base_config: Path,
+    overrides: Mapping[str, object],
+    out_dir: Path,
+    name: str,
+    warm: bool = True,
+) -> Iterator[str]:
+    """`base_config` with `overrides` (harness.variant) on a free loopback port, its config
+    and log at `out_dir/<name>.serve.{yaml,log}`, warmed up unless `warm` is False; yields
+    its base URL and stops it on exit. Every lab starts its services this way."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    config = write_variant(base_config, dict(overrides), out_dir / f"{name}.serve.yaml", port)
+    started = time.perf_counter()
+    with running_service(config, port, out_dir / f"{name}.serve.log") as url:
+        logger.info("%s ready in %.0f s", name, time.perf_counter() - started)
+        if warm:
+            warm_up(url)
+        yield url
+
+
+@contextmanager
 def squad_service(
     base_config: Path,
     out_dir: Path,
@@ -95,19 +120,12 @@ def squad_service(
     index_dir: Path = quality.DEFAULT_INDEX_DIR,
     overrides: Mapping[str, object] | None = None,
 ) -> Iterator[str]:
-    """Start `base_config` serving the SQuAD index on a free loopback port (the variant and
-    its log go to `out_dir/<name>.serve.{yaml,log}`), yield its base URL, stop it on exit.
-    LabError before anything starts when the index is missing."""
+    """Start `base_config` serving the SQuAD index (variant_service, not warmed: the labs
+    warm it their own way), yield its base URL, stop it on exit. LabError before anything
+    starts when the index is missing."""
     index_on_disk = index_dir if index_dir.is_absolute() else ROOT / index_dir
     if not quality.index_is_built(index_on_disk):
         raise LabError(f"no index at {index_on_disk}; run `python -m bench.quality prepare`")
-    out_dir.mkdir(parents=True, exist_ok=True)
-    port = free_port()
-    config = write_variant(
-        base_config,
-        {"retriever.index_path": str(index_dir), **(overrides or {})},
-        out_dir / f"{name}.serve.yaml",
-        port,
-    )
-    with running_service(config, port, out_dir / f"{name}.serve.log") as url:
+    overrides = {"retriever.index_path": str(index_dir), **(overrides or {})}
+    with variant_service(base_config, overrides, out_dir, name, warm=False) as url:
         yield url

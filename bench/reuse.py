@@ -33,7 +33,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from bench.client import warm_up
+from bench.labs import variant_service
 from bench.loadgen import RequestRecord, RequestSpec, make_client, run_load
 from bench.quality import DEFAULT_INDEX_DIR
 from bench.squad import (
@@ -45,8 +45,7 @@ from bench.squad import (
 )
 from bench.stats import Interval, fmt_ratio, paired_ratio, percentile
 from bench.tables import markdown_table
-from harness.service import ROOT, free_port, running_service
-from harness.variant import write_variant
+from harness.service import ROOT
 
 logger = logging.getLogger(__name__)
 
@@ -165,13 +164,10 @@ def run_setting(
     setting: Setting, plan: Sequence[Phase], base: Path, out_dir: Path, run: int
 ) -> dict[str, list[dict[str, Any]]]:
     """Start a fresh service for `setting`, send every phase in turn, stop it."""
-    port = free_port()
     overrides = {"retriever.index_path": str(DEFAULT_INDEX_DIR), **setting.overrides}
     name = f"{run}-{setting.name}"
-    config = write_variant(base, overrides, out_dir / f"{name}.serve.yaml", port)
     records: dict[str, list[dict[str, Any]]] = {}
-    with running_service(config, port, out_dir / f"{name}.serve.log") as url:
-        warm_up(url)
+    with variant_service(base, overrides, out_dir, name) as url:
         for phase in plan:
             logger.info("%s: %s, %d requests", name, phase.name, len(phase.items))
             records[phase.name] = [asdict(r) for r in asyncio.run(_send(url, phase, setting))]

@@ -14,17 +14,15 @@ from __future__ import annotations
 
 import argparse
 import logging
-import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from bench import latency, quality
-from bench.client import warm_up
+from bench.labs import variant_service
 from bench.plots import write_plots
-from harness.service import ROOT, free_port, running_service
-from harness.variant import write_variant
+from harness.service import ROOT
 
 logger = logging.getLogger(__name__)
 
@@ -204,12 +202,8 @@ def quality_service(
 ) -> Iterator[str]:
     """The plan's service over the SQuAD index, warmed up; yields its URL and stops it after.
     Its config and log go to out_dir/<name>.serve.yaml and .serve.log."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    port = free_port()
     overrides: dict[str, object] = {"retriever.index_path": plan.index_path, **plan.overrides}
-    config = write_variant(base_config, overrides, out_dir / f"{name}.serve.yaml", port)
-    with running_service(config, port, out_dir / f"{name}.serve.log") as url:
-        warm_up(url)
+    with variant_service(base_config, overrides, out_dir, name) as url:
         yield url
 
 
@@ -236,14 +230,7 @@ def run_plan(plan: Sequence[ServiceVariant], out_dir: Path, base_config: Path) -
     """Start each variant, run its load points, write SUMMARY.md and the plots; return its path."""
     out_dir.mkdir(parents=True, exist_ok=True)
     for variant in plan:
-        port = free_port()
-        config = write_variant(
-            base_config, dict(variant.overrides), out_dir / f"{variant.name}.serve.yaml", port
-        )
-        started = time.perf_counter()
-        with running_service(config, port, out_dir / f"{variant.name}.serve.log") as url:
-            logger.info("%s ready in %.0f s", variant.name, time.perf_counter() - started)
-            warm_up(url)
+        with variant_service(base_config, variant.overrides, out_dir, variant.name) as url:
             for load in variant.loads:
                 argv = ["--url", url, "--label", load.label, "--out", str(out_dir), *load.argv]
                 if latency.main(argv) != 0:
