@@ -135,13 +135,15 @@ def warm_up(
     max_tokens: int = 4,
     timeout_s: float = WARM_UP_TIMEOUT_S,
     strict: bool = True,
+    api_key: str | None = None,
 ) -> None:
-    """One short request per question. Strict: an error status raises; otherwise it is the
-    caller's next requests that tell (the chaos runs warm up services they then break)."""
+    """One short request per question (with `api_key` when the service requires keys).
+    Strict: an error status raises; otherwise it is the caller's next requests that tell
+    (the chaos runs warm up services they then break)."""
     with httpx.Client(base_url=url, timeout=timeout_s, trust_env=False) as client:
         for question in questions:
             body = {"question": question, "max_tokens": max_tokens}
-            response = client.post(QUERY_PATH, json=body)
+            response = client.post(QUERY_PATH, json=body, headers=auth_headers(api_key))
             if strict:
                 response.raise_for_status()
 

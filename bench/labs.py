@@ -8,16 +8,21 @@ the one way every lab starts a service.
   (config with the settings and timing, summary, one row per request).
 - `variant_service`: a service variant (serve_config.yaml with overrides) started, warmed
   up and stopped, the one way every lab starts its services; `squad_service` is it on the
-  SQuAD index (`python -m bench.quality prepare` builds it).
+  SQuAD index (`python -m bench.quality prepare` builds it); `keyed_service` is
+  serve_config.yaml as shipped with keys required and extra environment for `serve run`.
+- `machine` names the CPU every result is measured on; `write_run` stores a run's JSON and
+  appends its report to the folder's README.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import logging
+import secrets
 import sys
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict
 from pathlib import Path
@@ -27,7 +32,7 @@ from bench import quality
 from bench.client import LabError, warm_up
 from bench.outputs import label, positive_float, positive_int
 from bench.squad import SquadFormatError
-from harness.service import ROOT, free_port, running_service
+from harness.service import ROOT, RunningService, free_port, running_service, started_service
 from harness.variant import write_variant
 
 logger = logging.getLogger(__name__)
@@ -129,3 +134,46 @@ def squad_service(
     overrides = {"retriever.index_path": str(index_dir), **(overrides or {})}
     with variant_service(base_config, overrides, out_dir, name, warm=False) as url:
         yield url
+
+
+@contextmanager
+def keyed_service(
+    out_dir: Path, name: str, env_assignments: Sequence[str]
+) -> Iterator[tuple[RunningService, str]]:
+    """serve_config.yaml as shipped, only its port changed, with keys required (a key made
+    for the run) and `env_assignments` (KEY=VALUE) added to `serve run`'s environment; its
+    config and log at `out_dir/<name>.serve.{yaml,log}`. Yields the service and the key."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    config = write_variant(ROOT / "serve_config.yaml", {}, out_dir / f"{name}.serve.yaml", port)
+    key = secrets.token_urlsafe(24)
+    env = {"RAG_API_KEYS": key, **dict(v.split("=", 1) for v in env_assignments)}
+    with started_service(config, port, out_dir / f"{name}.serve.log", env) as service:
+        yield service, key
+
+
+def run_name(prefix: str, env_assignments: Sequence[str]) -> str:
+    """`<prefix>-shipped`, or `<prefix>-` and the variables' names when some are set."""
+    names = "-".join(v.split("=")[0].lower() for v in env_assignments)
+    return f"{prefix}-{names or 'shipped'}"
+
+
+def write_run(out_dir: Path, name: str, document: Mapping[str, Any], report: str) -> None:
+    """`out_dir/<name>.json`, and a README section headed by the run's command."""
+    (out_dir / f"{name}.json").write_text(json.dumps(document, indent=1), encoding="utf-8")
+    with (out_dir / "README.md").open("a", encoding="utf-8") as readme:
+        readme.write(f"## `{document['command']}`\n\n{document['measured_at']}. {report}\n")
+    print(report)
+
+
+def machine() -> str:
+    """The CPU's model, core count and wide-vector extensions, from /proc/cpuinfo."""
+    lines = Path("/proc/cpuinfo").read_text().splitlines()
+    model = next(
+        (line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")),
+        "unknown CPU",
+    )
+    cores = sum(1 for line in lines if line.startswith("processor"))
+    flags = next((line.split(":", 1)[1].split() for line in lines if line.startswith("flags")), [])
+    extras = [f for f in ("avx512f", "avx512_bf16", "amx_tile") if f in flags]
+    return f"{model}, {cores} cores, {'/'.join(extras) or 'no AVX-512'}"

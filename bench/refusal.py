@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import secrets
 import time
 from collections import Counter
 from pathlib import Path
@@ -29,11 +28,10 @@ from typing import Any
 
 import httpx
 
+from bench.client import warm_up
+from bench.labs import keyed_service, machine, run_name, write_run
 from bench.stats import fmt_interval, interval_dict, one_sample, quantile
 from bench.tables import markdown_table
-from bench.upload_flood import cpu_name
-from harness.service import ROOT, free_port, started_service
-from harness.variant import write_variant
 
 QUESTION = "How does prefix caching lower the time to first token?"
 
@@ -76,19 +74,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--requests", type=int, default=150)
     parser.add_argument("--env", action="append", default=[], help="KEY=VALUE for serve run")
     args = parser.parse_args(argv)
-    args.out.mkdir(parents=True, exist_ok=True)
-    name = "refusal-" + ("-".join(v.split("=")[0].lower() for v in args.env) or "shipped")
-    port = free_port()
-    config = write_variant(ROOT / "serve_config.yaml", {}, args.out / f"{name}.serve.yaml", port)
-    key = secrets.token_urlsafe(24)
-    env = {"RAG_API_KEYS": key, **dict(v.split("=", 1) for v in args.env)}
-    with started_service(config, port, args.out / f"{name}.serve.log", env) as service:
-        with httpx.Client(base_url=service.base_url, trust_env=False, timeout=600) as client:
-            client.post(  # the first request pays kernel warm-up; not timed
-                "/v1/rag/query",
-                json={"question": QUESTION, "max_tokens": 4},
-                headers={"Authorization": f"Bearer {key}"},
-            ).raise_for_status()
+    name = run_name("refusal", args.env)
+    with keyed_service(args.out, name, args.env) as (service, key):
+        warm_up(service.base_url, (QUESTION,), api_key=key)  # kernel warm-up: not timed
         started = time.perf_counter()
         outcomes = asyncio.run(burst(service.base_url, key, args.requests))
         burst_s = time.perf_counter() - started
@@ -102,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     document = {
         "command": f"python -m bench.refusal --out {args.out} --requests {args.requests}"
         + "".join(f" --env {v}" for v in args.env),
-        "cpu": cpu_name(),
+        "cpu": machine(),
         "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "requests": args.requests,
         "burst_s": burst_s,
@@ -111,7 +99,6 @@ def main(argv: list[str] | None = None) -> int:
         "refused_ms_p99": interval_dict(p99),
         "outcomes": outcomes,
     }
-    (args.out / f"{name}.json").write_text(json.dumps(document, indent=1), encoding="utf-8")
     table = markdown_table(
         ["status (shape)", "requests"], [[s, n] for s, n in sorted(statuses.items())], numeric=(1,)
     )
@@ -120,9 +107,7 @@ def main(argv: list[str] | None = None) -> int:
         f"answer, {document['cpu']}. Time to a 503's headers at the client: p50 "
         f"{fmt_interval(p50, 0)} ms, p99 {fmt_interval(p99, 0)} ms.\n\n{table}\n"
     )
-    with (args.out / "README.md").open("a", encoding="utf-8") as readme:
-        readme.write(f"## `{document['command']}`\n\n{document['measured_at']}. {report}\n")
-    print(report)
+    write_run(args.out, name, document, report)
     return 0
 
 

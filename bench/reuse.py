@@ -33,7 +33,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from bench.labs import variant_service
+from bench.labs import machine, variant_service
 from bench.loadgen import RequestRecord, RequestSpec, make_client, run_load
 from bench.quality import DEFAULT_INDEX_DIR
 from bench.squad import (
@@ -276,7 +276,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     results: dict[str, Any] = {
         "command": "python -m bench.reuse " + " ".join(argv if argv is not None else sys.argv[1:]),
-        "machine": _machine(),
+        "machine": machine(),
         "phases": [
             {"name": p.name, "concurrency": p.concurrency, "items": [asdict(i) for i in p.items]}
             for p in plan
@@ -289,19 +289,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         saved.write_text(json.dumps(results, indent=1))  # kept as it grows
     (args.out / "README.md").write_text(report(results))
     return 0
-
-
-def _machine() -> str:
-    """The CPU's model, core count and wide-vector extensions, from /proc/cpuinfo."""
-    lines = Path("/proc/cpuinfo").read_text().splitlines()
-    model = next(
-        (line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")),
-        "unknown CPU",
-    )
-    cores = sum(1 for line in lines if line.startswith("processor"))
-    flags = next((line.split(":", 1)[1].split() for line in lines if line.startswith("flags")), [])
-    extras = [f for f in ("avx512f", "avx512_bf16", "amx_tile") if f in flags]
-    return f"{model}, {cores} cores, {'/'.join(extras) or 'no AVX-512'}"
 
 
 if __name__ == "__main__":

@@ -22,8 +22,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
-import secrets
 import statistics
 import threading
 import time
@@ -35,10 +33,9 @@ from typing import Any
 import httpx
 import psutil
 
+from bench.labs import keyed_service, machine, run_name, write_run
 from bench.tables import markdown_table
 from harness.processes import replica_pids, titled
-from harness.service import ROOT, free_port, started_service
-from harness.variant import write_variant
 
 PROXY_TITLE = "ray::ProxyActor"
 PIECE = 64 * 1024
@@ -158,16 +155,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--idle-s", type=float, default=10.0)
     parser.add_argument("--env", action="append", default=[], help="KEY=VALUE for serve run")
     args = parser.parse_args(argv)
-    args.out.mkdir(parents=True, exist_ok=True)
-    name = "flood-" + ("-".join(v.split("=")[0].lower() for v in args.env) or "shipped")
-    port = free_port()
-    config = write_variant(ROOT / "serve_config.yaml", {}, args.out / f"{name}.serve.yaml", port)
-    env = {"RAG_API_KEYS": secrets.token_urlsafe(24), **dict(v.split("=", 1) for v in args.env)}
-    with started_service(config, port, args.out / f"{name}.serve.log", env) as service:
+    name = run_name("flood", args.env)
+    with keyed_service(args.out, name, args.env) as (service, _):
         fronts, ingresses = front_pids(service.pid), replica_pids(service.pid, "RagIngress")
         if not fronts or len(ingresses) != 1:
             raise SystemExit(f"expected a proxy and one ingress, found {fronts} and {ingresses}")
-        watched = {f"front {pid} ({name})": psutil.Process(pid) for pid, name in fronts}
+        watched = {f"front {pid} ({kind})": psutil.Process(pid) for pid, kind in fronts}
         sampler = MemorySampler(watched | {"ingress": psutil.Process(ingresses[0])})
         sampler.start()
         time.sleep(args.idle_s)
@@ -184,7 +177,7 @@ def main(argv: list[str] | None = None) -> int:
     document = {
         "command": f"python -m bench.upload_flood --out {args.out} --requests {args.requests} "
         f"--mib {args.mib:g}" + "".join(f" --env {v}" for v in args.env),
-        "cpu": cpu_name(),
+        "cpu": machine(),
         "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "requests": args.requests,
         "body_bytes": int(args.mib * (1 << 20)),
@@ -194,7 +187,6 @@ def main(argv: list[str] | None = None) -> int:
         "outcomes": outcomes,
         "samples": sampler.samples,
     }
-    (args.out / f"{name}.json").write_text(json.dumps(document, indent=1), encoding="utf-8")
     table = markdown_table(
         ["process", "idle RSS MB (median)", "peak RSS MB", "growth MB"],
         [[n, f"{m['idle_mb']:.0f}", f"{m['peak_mb']:.0f}", f"{m['growth_mb']:.1f}"]
@@ -208,17 +200,8 @@ def main(argv: list[str] | None = None) -> int:
         f"{SAMPLE_S * 1e3:.0f} ms ({len(sampler.samples)} samples), {document['cpu']}.\n\n"
         f"{table}\n"
     )
-    with (args.out / "README.md").open("a", encoding="utf-8") as readme:
-        readme.write(f"## `{document['command']}`\n\n{document['measured_at']}. {report}\n")
-    print(report)
+    write_run(args.out, name, document, report)
     return 0
-
-
-def cpu_name() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            return f"{line.split(':', 1)[1].strip()}, {psutil.cpu_count()} cores"
-    return "unknown CPU"
 
 
 if __name__ == "__main__":
