@@ -1,4 +1,5 @@
-"""Crafted PDFs for the bounded parser's tests: small files that keep pypdf busy.
+"""PDFs written by hand for the tests: `pdf_file` lays out any objects as a valid file, and
+`slow_pdf` is crafted for the bounded parser's tests, a small file that keeps pypdf busy.
 
 `slow_pdf` is a page whose content stream inflates (FlateDecode) from a few KB to
 `inflated_bytes` of text-showing operators that show nothing: pypdf walks every operator of
@@ -33,6 +34,12 @@ def slow_pdf(pages: int = 1, inflated_bytes: int = 5_000_000) -> bytes:
             + stream
             + b"\nendstream"
         )
+    return pdf_file(objects)
+
+
+def pdf_file(objects: list[bytes], trailer: str = "") -> bytes:
+    """The PDF holding `objects` (numbered from 1, the first the catalog) with its xref
+    table, offsets computed; `trailer` adds entries to the trailer (e.g. an /Info ref)."""
     out = bytearray(b"%PDF-1.4\n")
     offsets = []
     for number, body in enumerate(objects, start=1):
@@ -41,6 +48,6 @@ def slow_pdf(pages: int = 1, inflated_bytes: int = 5_000_000) -> bytes:
     xref_at = len(out)
     out += b"xref\n0 %d\n0000000000 65535 f \n" % (len(objects) + 1)
     out += b"".join(b"%010d 00000 n \n" % offset for offset in offsets)
-    out += b"trailer\n<< /Size %d /Root 1 0 R >>\n" % (len(objects) + 1)
+    out += f"trailer\n<< /Size {len(objects) + 1} /Root 1 0 R{trailer} >>\n".encode()
     out += b"startxref\n%d\n%%%%EOF\n" % xref_at
     return bytes(out)

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from crafted_pdfs import pdf_file
 
 from corpus import uploads
 from corpus.uploads import UnsupportedUpload, documents_from_records, parse_upload
@@ -18,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[3]
 
 def _pdf(pages: list[str | None], title: str | None = None) -> bytes:
     """A minimal valid PDF, written by hand: one page per entry, each a line of Helvetica text
-    (None: a page with no text at all), and an /Info title if given. Offsets are computed."""
+    (None: a page with no text at all), and an /Info title if given."""
     font = b"<< /Type /Font /Subtype /Type1 /BaseFont /Helvetica >>"
     objects: list[bytes] = [b"<< /Type /Catalog /Pages 2 0 R >>", b"", font]
     page_numbers = []
@@ -39,18 +40,7 @@ def _pdf(pages: list[str | None], title: str | None = None) -> bytes:
     if title is not None:
         objects.append(f"<< /Title ({title}) >>".encode())
         info = f" /Info {len(objects)} 0 R"
-
-    out = bytearray(b"%PDF-1.4\n")
-    offsets = []
-    for number, body in enumerate(objects, start=1):
-        offsets.append(len(out))
-        out += b"%d 0 obj\n%s\nendobj\n" % (number, body)
-    xref_at = len(out)
-    out += b"xref\n0 %d\n0000000000 65535 f \n" % (len(objects) + 1)
-    out += b"".join(b"%010d 00000 n \n" % offset for offset in offsets)
-    trailer = f"trailer\n<< /Size {len(objects) + 1} /Root 1 0 R{info} >>\n"
-    out += trailer.encode() + b"startxref\n%d\n%%%%EOF\n" % xref_at
-    return bytes(out)
+    return pdf_file(objects, info)
 
 
 # Text and Markdown
