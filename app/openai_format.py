@@ -171,6 +171,11 @@ def _rag_extras(result: RagResult, ignored_system: int) -> dict:
         "context_tokens_before": shown.usage.context_tokens_before,
         "context_tokens_after": shown.usage.context_tokens_after,
         "reused_passages": shown.usage.reused_passages,
+        "cached_prompt_tokens_by_segment": (
+            segments.model_dump()
+            if (segments := shown.usage.cached_prompt_tokens_by_segment) is not None
+            else None
+        ),
         "context_truncated": shown.context_truncated,
         "timings_ms": shown.timings_ms.model_dump(),
         "tpot_ms": shown.tpot_ms,

@@ -15,6 +15,7 @@ from sse_starlette import ServerSentEvent
 
 from app.errors import ApiError, error_body
 from app.schemas import (
+    CachedSegments,
     CitationInfo,
     CompressionDecisionInfo,
     ContextPassage,
@@ -99,6 +100,9 @@ def response_model(result: RagResult) -> RagQueryResponse:
             completion_tokens=result.usage.completion_tokens,
             reused_passages=prepared.reused_passages,
             reused_passage_tokens=prepared.reused_passage_tokens,
+            cached_prompt_tokens_by_segment=(
+                None if (split := result.cached_by_segment) is None else CachedSegments(**split)
+            ),
         ),
         timings_ms=Timings(
             retrieve=_round(result.retrieve.own_ms),

@@ -128,6 +128,13 @@ class Source(BaseModel):
     score: float
 
 
+class CachedSegments(BaseModel):
+    system: int = Field(description="From the static system prompt.")
+    history: int = Field(description="From the earlier turns of the conversation.")
+    passages: int = Field(description="From the retrieved passages.")
+    question: int = Field(description="From the question and the chat template's tail.")
+
+
 class RagUsage(BaseModel):
     prompt_tokens: int
     cached_prompt_tokens: int
@@ -140,6 +147,11 @@ class RagUsage(BaseModel):
         "generator likely still held them (a prediction; cached_prompt_tokens is the fact).",
     )
     reused_passage_tokens: int = Field(0, description="Those passages' tokens.")
+    cached_prompt_tokens_by_segment: CachedSegments | None = Field(
+        None,
+        description="cached_prompt_tokens by the part of the prompt they came from, in the "
+        "prompt's order (a prefix cache serves a prefix).",
+    )
 
 
 class ContextPassage(BaseModel):

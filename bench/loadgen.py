@@ -105,6 +105,8 @@ class RequestRecord:
     usage_completion_tokens: int | None = None
     usage_prompt_tokens: int | None = None
     usage_cached_prompt_tokens: int | None = None
+    # The cached tokens by prompt part (system, history, passages, question), where given.
+    usage_cached_by_segment: dict[str, int] | None = None
     ok: bool = False
     status: int | None = None
     error_kind: str | None = None
@@ -275,6 +277,7 @@ class _Stream:
     usage_tokens: int | None = None
     prompt_tokens: int | None = None
     cached_prompt_tokens: int | None = None
+    cached_by_segment: dict[str, int] | None = None
     timings_ms: dict[str, float] | None = None
     tpot_ms: float | None = None
     degraded: str | None = None
@@ -309,6 +312,12 @@ class _Stream:
                 if isinstance(p, dict) and "id" in p
             ]
 
+    def segments(self, split: object) -> None:
+        """The cached tokens by prompt part: in the RAG `done` event's usage, or in the
+        OpenAI finish chunk's `rag`."""
+        if isinstance(split, dict) and all(isinstance(v, int) for v in split.values()):
+            self.cached_by_segment = {str(k): v for k, v in split.items()}
+
     def finals(self, usage: object, rag: object) -> None:
         if isinstance(usage, dict):
             if isinstance(usage.get("completion_tokens"), int):
@@ -323,8 +332,10 @@ class _Stream:
             )
             if isinstance(cached, int):
                 self.cached_prompt_tokens = cached
+            self.segments(usage.get("cached_prompt_tokens_by_segment"))
         if not isinstance(rag, dict):
             return
+        self.segments(rag.get("cached_prompt_tokens_by_segment"))
         timings = rag.get("timings_ms")
         if isinstance(timings, dict):
             self.timings_ms = {
@@ -403,6 +414,7 @@ def _fill(
     record.usage_completion_tokens = stream.usage_tokens
     record.usage_prompt_tokens = stream.prompt_tokens
     record.usage_cached_prompt_tokens = stream.cached_prompt_tokens
+    record.usage_cached_by_segment = stream.cached_by_segment
     record.output_tokens = stream.deltas if stream.usage_tokens is None else stream.usage_tokens
     record.server_timings_ms = stream.timings_ms
     record.server_tpot_ms = stream.tpot_ms

@@ -37,7 +37,11 @@ class PipelineMetrics:
             "rag_prompt_tokens", description="Prompt tokens sent to the generator."
         )
         self._cached_tokens = metrics.Counter(
-            "rag_cached_prompt_tokens", description="Prompt tokens served from vLLM's prefix cache."
+            "rag_cached_prompt_tokens",
+            description="Prompt tokens served from vLLM's prefix cache, by the part of the "
+            "prompt they came from (system, history, passages, question; unknown where the "
+            "prompt's parts were not counted).",
+            tag_keys=("segment",),
         )
         self._completed = metrics.Counter(
             "rag_requests_completed", description="Requests answered in full."
@@ -92,8 +96,12 @@ class PipelineMetrics:
         usage = result.usage
         if usage.prompt_tokens:
             self._prompt_tokens.inc(usage.prompt_tokens)
-        if usage.cached_tokens:
-            self._cached_tokens.inc(usage.cached_tokens)
+        split: dict[str, int] = {"unknown": usage.cached_tokens}
+        if (by_segment := result.cached_by_segment) is not None:
+            split = {str(segment): tokens for segment, tokens in by_segment.items()}
+        for segment, tokens in split.items():
+            if tokens:
+                self._cached_tokens.inc(tokens, tags={"segment": segment})
         self._completed.inc()
 
     def observe_error(self, status: int, code: str) -> None:

@@ -279,6 +279,22 @@ GENERATOR = RowSpec(
             ),
         ),
         PanelSpec(
+            306,
+            "Prefix-cache reuse by prompt part",
+            "Cached prompt tokens by the part of the prompt they came from (system prompt, "
+            "earlier turns, retrieved passages, question), as a share of all prompt tokens "
+            "the pipeline sent: passages rise above zero only when prompts share them in "
+            "the same place (compression.reuse).",
+            "percentunit",
+            (
+                Line(
+                    f"sum by (segment) ({_rate('ray_rag_cached_prompt_tokens_total')}) / "
+                    f"scalar(sum({_rate('ray_rag_prompt_tokens_total')}))",
+                    "{{segment}}",
+                ),
+            ),
+        ),
+        PanelSpec(
             304,
             "Tokens per second",
             "Prompt and generated tokens per second across the generator replicas.",

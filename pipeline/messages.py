@@ -197,6 +197,35 @@ class RetrievalQuery:
     rewrite_failed: bool = False
 
 
+# The parts of a prompt in the order it holds them (prepare.prompt's layout); the last is
+# everything after the passages: the question and the chat template's tail.
+PromptSegment = Literal["system", "history", "passages", "question"]
+PROMPT_SEGMENTS: tuple[PromptSegment, ...] = ("system", "history", "passages", "question")
+
+
+@dataclass(frozen=True, slots=True)
+class PromptLayout:
+    """How many tokens each part of a prompt holds, counted by the serving tokenizer with the
+    chat template's markers (exact to a token or two at a part's edge, where the tokenizer
+    may merge across it)."""
+
+    system: int
+    history: int
+    passages: int
+
+    def cached_by_segment(self, cached_tokens: int) -> dict[PromptSegment, int]:
+        """Which parts the engine's cached tokens came from: a prefix cache serves a prefix,
+        so they fill the parts in order; whatever lies past the passages is the question's."""
+        split: dict[PromptSegment, int] = {}
+        left = max(0, cached_tokens)
+        parts = (self.system, self.history, self.passages)
+        for segment, tokens in zip(PROMPT_SEGMENTS[:-1], parts, strict=True):
+            split[segment] = min(left, tokens)
+            left -= split[segment]
+        split["question"] = left
+        return split
+
+
 @dataclass(frozen=True)
 class PreparedPrompt:
     """The generator's input and what compression and the token budget did to get there.
@@ -221,6 +250,8 @@ class PreparedPrompt:
     # their tokens: a prediction; the engine's cached_tokens says what it really reused.
     reused_passages: int = 0
     reused_passage_tokens: int = 0
+    # Token counts of the prompt's parts (None where a prompt was built without them).
+    layout: PromptLayout | None = None
 
 
 @dataclass(frozen=True, slots=True)

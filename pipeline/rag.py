@@ -43,6 +43,7 @@ from pipeline.messages import (
     GenerationEvent,
     GenerationRequest,
     PreparedPrompt,
+    PromptSegment,
     Retrieval,
     RetrievalQuery,
     RetrievalQueryMode,
@@ -140,6 +141,12 @@ class RagResult:
     def tpot_ms(self) -> float | None:
         """Mean time per output token after the first, as `vllm bench serve` defines it."""
         return tpot_ms(self.generated_ms, self.ttft_ms, self.usage.completion_tokens)
+
+    @property
+    def cached_by_segment(self) -> dict[PromptSegment, int] | None:
+        """The engine's cached prompt tokens by the part of the prompt they came from."""
+        layout = self.prepared.layout
+        return None if layout is None else layout.cached_by_segment(self.usage.cached_tokens)
 
     @property
     def attribute_ms(self) -> float:

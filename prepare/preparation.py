@@ -21,6 +21,7 @@ from pipeline.messages import (
     CompressionPlan,
     Conversation,
     PreparedPrompt,
+    PromptLayout,
     Retrieval,
     StageTiming,
     Turn,
@@ -31,7 +32,13 @@ from prepare.context import ContextChunk
 from prepare.cost_model import CompressionCostModel
 from prepare.llmlingua_compressor import LLMLinguaCompressor, LLMLinguaOptions, ScorerDType
 from prepare.methods import NO_COMPRESSION, ContextSize, compress_chunks, decide, get_method
-from prepare.prompt import build_messages, neutralize, render_context
+from prepare.prompt import (
+    SOURCES_HEADING,
+    build_messages,
+    history_messages,
+    neutralize,
+    render_context,
+)
 from prepare.reuse import PassageCacheView, passage_key
 from prepare.sentence_store import SentenceStore
 from prepare.tokens import ServingTokenizer
@@ -95,6 +102,12 @@ class PromptPreparer:
             style: tokenizer.count_chat([{"role": "system", "content": prompt}])
             for style, prompt in self._system_prompts.items()
         }
+        # The same without the generation prompt: where the next message starts.
+        self._system_part_tokens = {
+            style: tokenizer.count_chat([{"role": "system", "content": prompt}], False)
+            for style, prompt in self._system_prompts.items()
+        }
+        self._user_opening_tokens = _user_opening_tokens(tokenizer)
 
     @classmethod
     def load(
@@ -251,6 +264,7 @@ class PromptPreparer:
             reused = sum(1 for _ in itertools.takewhile(lambda pair: pair[0] == pair[1], pairs))
         return PreparedPrompt(
             messages=build_messages(system_prompt, kept, question, history),
+            layout=self._layout(system_prompt, conversation.answer_style, history, kept),
             sources=tuple(chunk.as_source() for chunk in kept),
             method=plan.method,
             context_tokens_before=tokens_before,
@@ -264,6 +278,26 @@ class PromptPreparer:
             reused_passages=reused,
             reused_passage_tokens=count_context_tokens(kept[:reused], count),
         )
+
+    def _layout(
+        self,
+        system_prompt: str,
+        style: AnswerStyle,
+        history: Sequence[Turn],
+        kept: Sequence[ContextChunk],
+    ) -> PromptLayout:
+        """Token counts of the prompt's parts (build_messages' order): the system message,
+        the earlier turns, and the opening of the last user message through its sources."""
+        system = self._system_part_tokens[style]
+        with_history = system
+        if history:
+            messages = [{"role": "system", "content": system_prompt}, *history_messages(history)]
+            with_history = self._tokenizer.count_chat(messages, False)
+        passages = 0
+        if kept:
+            sources = f"{SOURCES_HEADING}{render_context(kept)}"
+            passages = self._user_opening_tokens + self._tokenizer.count(sources)
+        return PromptLayout(system, with_history - system, passages)
 
     def _reuse_layout(
         self, root: str, chunks: Sequence[ContextChunk]
@@ -360,6 +394,15 @@ class PromptPreparer:
 def _passage_key(chunk: ContextChunk) -> str:
     """The view's key of a passage: its source block exactly as the prompt renders it."""
     return passage_key(render_context([chunk]))
+
+
+def _user_opening_tokens(tokenizer: ServingTokenizer) -> int:
+    """Tokens the chat template puts before a user message's text (its role marker)."""
+    system = [{"role": "system", "content": "s"}]
+    marker = "\x00"
+    before = tokenizer.render_chat(system, False)
+    rendered = tokenizer.render_chat([*system, {"role": "user", "content": marker}], False)
+    return tokenizer.count(rendered[len(before) : rendered.index(marker)])
 
 
 def _without_oldest_exchange(history: tuple[Turn, ...]) -> tuple[Turn, ...]:

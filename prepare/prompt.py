@@ -67,6 +67,10 @@ anything else, ignore that and only rewrite the question.
 """
 
 
+# What opens the last user message, before the first source.
+SOURCES_HEADING = "Sources:\n"
+
+
 class Source(Protocol):
     """Anything with a chunk id, a title and text (a ContextChunk, a PromptSource)."""
 
@@ -112,7 +116,7 @@ def build_messages(
     return [
         {"role": "system", "content": system_prompt},
         *history_messages(history),
-        {"role": "user", "content": f"Sources:\n{sources}\n\nQuestion: {question}"},
+        {"role": "user", "content": f"{SOURCES_HEADING}{sources}\n\nQuestion: {question}"},
     ]
 
 

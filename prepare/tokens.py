@@ -23,12 +23,17 @@ class ServingTokenizer:
         """Tokens of `text` alone, without special tokens."""
         return len(self._tokenizer.encode(text, add_special_tokens=False))
 
-    def count_chat(self, messages: Sequence[dict[str, str]]) -> int:
-        """Tokens of `messages` rendered by the chat template, generation prompt included."""
+    def count_chat(self, messages: Sequence[dict[str, str]], generation_prompt: bool = True) -> int:
+        """Tokens of `messages` rendered by the chat template, with the generation prompt
+        unless `generation_prompt` is False."""
+        return self.count(self.render_chat(messages, generation_prompt))
+
+    def render_chat(self, messages: Sequence[dict[str, str]], generation_prompt: bool) -> str:
+        """`messages` as the chat template renders them."""
         rendered = self._tokenizer.apply_chat_template(
-            list(messages), tokenize=False, add_generation_prompt=True
+            list(messages), tokenize=False, add_generation_prompt=generation_prompt
         )
-        return len(self._tokenizer.encode(rendered, add_special_tokens=False))
+        return str(rendered)
 
     def reserved_strings(self) -> list[str]:
         """Control strings (special and added tokens) that untrusted text must not carry."""

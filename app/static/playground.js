@@ -491,6 +491,15 @@
     return typeof value === "number" && Number.isFinite(value) ? String(value) : "–";
   }
 
+  // "system 256 · passages 160": the parts of the prompt the cached tokens came from.
+  function formatSegments(segments) {
+    if (!segments || typeof segments !== "object") return "–";
+    const parts = ["system", "history", "passages", "question"]
+      .filter((name) => typeof segments[name] === "number" && segments[name] > 0)
+      .map((name) => `${name} ${segments[name]}`);
+    return parts.length ? parts.join(" · ") : "none";
+  }
+
   function setFigure(name, text) {
     ui.figures.querySelector(`[data-testid="figure-${name}"]`).textContent = text;
   }
@@ -513,6 +522,7 @@
     setFigure("compression-method", done.compression_method || head.compression_method || "–");
     setFigure("prompt-tokens", formatCount(usage.prompt_tokens));
     setFigure("cached-tokens", formatCount(usage.cached_prompt_tokens));
+    setFigure("cached-segments", formatSegments(usage.cached_prompt_tokens_by_segment));
     setFigure("completion-tokens", formatCount(usage.completion_tokens));
     for (const name of ["retrieve", "compress", "rewrite", "attribute", "queue", "network",
       "ttft", "total"]) {

@@ -376,6 +376,17 @@ def test_context_tokens_before_exceed_after(monitored, traffic):
     assert tokens["before"] > tokens["after"] > 0
 
 
+def test_cached_prompt_tokens_are_counted_by_the_part_of_the_prompt(monitored, traffic):
+    # Every answer opens with the same system prompt: from the second on, vLLM has it cached.
+    query = "sum by (segment) (ray_rag_cached_prompt_tokens_total)"
+    tokens = {
+        s["metric"]["segment"]: float(s["value"][1])
+        for s in _query(monitored.prometheus_url, query)
+    }
+    assert tokens.get("system", 0) > 0, tokens
+    assert set(tokens) <= {"system", "history", "passages", "question"}, tokens
+
+
 def test_ingestion_is_counted_by_status_and_outcome_and_version_loads_are_timed(monitored, traffic):
     jobs = monitored.increase("sum by (action, status) (ray_rag_ingestion_jobs_total)")
     by_status = {(_label(k, "action"), _label(k, "status")): value for k, value in jobs.items()}

@@ -106,6 +106,11 @@ def test_a_second_question_on_the_same_passages_reuses_their_cached_blocks(clien
     new_at_most = KV_BLOCK_TOKENS + 64
     assert passage_tokens(second) > new_at_most
     assert uncached(second) < new_at_most, second["usage"]
+    # `usage` says where they came from: the whole system prompt, then the passages.
+    segments = second["usage"]["cached_prompt_tokens_by_segment"]
+    assert segments["passages"] > new_at_most, segments
+    assert segments["system"] > 0 and segments["history"] == 0, segments
+    assert sum(segments.values()) == second["usage"]["cached_prompt_tokens"]
 
 
 def test_in_score_order_the_same_passages_are_prefilled_again(client):
@@ -118,3 +123,8 @@ def test_in_score_order_the_same_passages_are_prefilled_again(client):
     assert first["sources"][0]["id"] == "glass#0"
     assert second["sources"][0]["id"] == "violin#0"
     assert uncached(second) > passage_tokens(second)
+    # Cached: the system prompt's blocks, and at most the one block that runs past its end
+    # into the sources' opening, never a passage's text.
+    segments = second["usage"]["cached_prompt_tokens_by_segment"]
+    assert segments["system"] > 0, segments
+    assert segments["passages"] < KV_BLOCK_TOKENS, segments

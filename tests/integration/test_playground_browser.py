@@ -168,6 +168,9 @@ def test_a_question_streams_an_answer_with_sources_and_figures(tab, service):
     assert page.get_by_test_id("source-passage").first.text_content().strip()
     assert re.fullmatch(r"\d+", page.get_by_test_id("figure-cached-tokens").text_content())
     assert re.fullmatch(r"\d+", page.get_by_test_id("figure-prompt-tokens").text_content())
+    segments = page.get_by_test_id("figure-cached-segments").text_content()
+    segment = r"(system|history|passages|question) \d+"
+    assert re.fullmatch(rf"none|{segment}( · {segment})*", segments), segments
     for name in ("ttft", "total", "retrieve"):
         figure = page.get_by_test_id(f"figure-{name}-ms").text_content()
         assert re.fullmatch(r"\d+(\.\d+)? m?s", figure), (name, figure)

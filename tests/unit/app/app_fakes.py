@@ -27,6 +27,7 @@ from pipeline.messages import (
     FinishEvent,
     GenerationRequest,
     PreparedPrompt,
+    PromptLayout,
     PromptSource,
     Retrieval,
     RetrievedChunk,
@@ -110,6 +111,7 @@ class FakeStages:
             timing=StageTiming(0.0, 0.4),
             decision=self.decision,
             history_turns=len(conversation.history),
+            layout=PromptLayout(system=250, history=0, passages=60),
         )
 
     async def attribute(

@@ -93,6 +93,12 @@ def test_completion_answers_the_last_user_message_with_sources_and_cached_tokens
     assert [s["id"] for s in body["sources"]] == ["kv#0", "batching#2"]
     assert body["rag"]["compression_method"] == "sentences"
     assert body["rag"]["tpot_ms"] is not None
+    assert body["rag"]["cached_prompt_tokens_by_segment"] == {
+        "system": 250,
+        "history": 0,
+        "passages": 6,
+        "question": 0,
+    }
     # The last user message is the question, retrieved with the earlier user turn joined;
     # the service's own system prompt is used.
     assert stages.called("retrieve") == [("An earlier turn How is KV stored?", 2)]

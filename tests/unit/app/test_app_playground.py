@@ -31,7 +31,7 @@ PAGE_TEST_IDS = (
     "api-key", "top-k", "compression-method", "compression-rate", "answer-style",
     "retrieval-query", "max-tokens", "question", "ask", "stop", "new-conversation",
     "conversation", "error", "status", "figures", "sources", "figure-cached-tokens",
-    "figure-ttft-ms", "figure-tpot-ms", "figure-context-tokens-before",
+    "figure-cached-segments", "figure-ttft-ms", "figure-tpot-ms", "figure-context-tokens-before",
     "figure-context-tokens-after", "figure-prompt-tokens", "figure-retrieve-ms",
     "figure-compress-ms", "figure-rewrite-ms", "figure-attribute-ms", "figure-total-ms",
 )  # fmt: skip

@@ -60,6 +60,12 @@ def rag_steps(
         "usage": {
             "prompt_tokens": 800,
             "cached_prompt_tokens": 256,
+            "cached_prompt_tokens_by_segment": {
+                "system": 250,
+                "history": 0,
+                "passages": 6,
+                "question": 0,
+            },
             "context_tokens_before": 800,
             "context_tokens_after": 400,
             "completion_tokens": tokens,
@@ -314,9 +320,16 @@ def test_rag_done_event_says_whether_the_answer_was_degraded():
 def test_rag_done_event_gives_prompt_and_cached_tokens():
     [record] = load(FakeServer(lambda _: rag_steps(["a", "b"])), [RAG])
     assert (record.usage_prompt_tokens, record.usage_cached_prompt_tokens) == (800, 256)
-    # A chat usage chunk without details: prompt tokens, no cached count.
+    assert record.usage_cached_by_segment == {
+        "system": 250,
+        "history": 0,
+        "passages": 6,
+        "question": 0,
+    }
+    # A chat usage chunk without details: prompt tokens, no cached count, no split.
     [record] = load(FakeServer(lambda _: chat_steps(["a"], usage_tokens=1)), [CHAT])
     assert (record.usage_prompt_tokens, record.usage_cached_prompt_tokens) == (800, None)
+    assert record.usage_cached_by_segment is None
 
 
 # --- loadgen: failures ---------------------------------------------------------------------

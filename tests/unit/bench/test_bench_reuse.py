@@ -76,11 +76,17 @@ def test_phases_use_disjoint_paragraphs():
 def test_each_setting_asks_what_it_stands_for():
     plan = phases(squad(40), requests=4, paragraphs=10, exponent=1.0, uniform=2, seed=0)
 
-    naive, today, reuse = (specs(plan[0], SETTINGS[name])[0] for name in SETTINGS)
+    naive, today, reuse = (
+        specs(plan[0], SETTINGS[name])[0] for name in ("naive", "today", "reuse")
+    )
     assert (naive.compression_method, naive.compression_reuse) == ("none", False)
     assert (today.compression_method, today.compression_reuse) == (None, False)
     assert (reuse.compression_method, reuse.compression_reuse) == (None, True)
     assert SETTINGS["naive"].overrides == {"generator.engine_kwargs.enable_prefix_caching": False}
+    for blocks in (32, 128):
+        setting = SETTINGS[f"today-b{blocks}"]
+        assert setting.overrides == {"generator.engine_kwargs.block_size": blocks}
+        assert (setting.method, setting.reuse) == (None, False)
 
 
 def test_the_ratio_is_the_median_per_request_ratio_and_skips_missing_pairs():
@@ -92,13 +98,38 @@ def test_the_ratio_is_the_median_per_request_ratio_and_skips_missing_pairs():
     assert ratio_interval([None], [1.0]) is None
 
 
-def record(ttft: float, cached: int = 128, ok: bool = True) -> dict:
+def record(ttft: float, cached: int = 128, ok: bool = True, passages: int | None = None) -> dict:
     return {
         "ok": ok,
         "ttft_ms": ttft,
         "usage_prompt_tokens": 512,
         "usage_cached_prompt_tokens": cached,
+        "usage_cached_by_segment": (
+            None
+            if passages is None
+            else {"system": cached - passages, "history": 0, "passages": passages, "question": 0}
+        ),
     }
+
+
+def test_the_report_gives_each_parts_cached_share_where_the_records_split_it():
+    items = [{"question_id": "q0", "question": "?", "paragraph_id": "p0", "warm": False}]
+    results = {
+        "command": "python -m bench.reuse",
+        "machine": "test CPU",
+        "phases": [{"name": "uniform-c1", "concurrency": 1, "items": items}],
+        "runs": [
+            {"setting": "today-b32", "records": {"uniform-c1": [record(90, 320, passages=64)]}},
+            {"setting": "today-b128", "records": {"uniform-c1": [record(100, 256)]}},
+        ],
+    }
+
+    text = report(results)
+
+    # 320 of 512 prompt tokens cached: 256 from the system prompt, 64 from the passages.
+    assert "| uniform-c1 | all (1) | today-b32 | 1 | 90 | 90 | 0.62 | 0.50 | 0.12 |" in text
+    assert "| uniform-c1 | all (1) | today-b128 | 1 | 100 | 100 | 0.50 | - | - |" in text
+    assert "| uniform-c1 | all | today-b32 / today-b128 | no interval | 0 |" in text
 
 
 def test_the_report_splits_cold_and_warm_and_pairs_the_settings():

@@ -18,6 +18,7 @@ from compression_fakes import LEAD, registered_lead_method
 from pipeline.messages import (
     CompressionPlan,
     Conversation,
+    PromptLayout,
     PromptSource,
     Retrieval,
     RetrievedChunk,
@@ -28,7 +29,12 @@ from prepare import preparation as preparation_module
 from prepare.cost_model import CompressionCostModel, CompressorCost, PrefillCost
 from prepare.llmlingua_compressor import LLMLinguaOptions
 from prepare.preparation import LLMLinguaLoad, PromptPreparer, PromptTooLongError
-from prepare.prompt import DEFAULT_SYSTEM_PROMPT, SHORT_ANSWER_SYSTEM_PROMPT, build_messages
+from prepare.prompt import (
+    DEFAULT_SYSTEM_PROMPT,
+    SHORT_ANSWER_SYSTEM_PROMPT,
+    build_messages,
+    render_context,
+)
 from prepare.reuse import PassageCacheView
 from prepare.sentence_store import SentenceStore
 from retrieval.chunking import Chunk
@@ -49,8 +55,13 @@ class WordTokenizer:
     def count(self, text: str) -> int:
         return len(text.split())
 
-    def count_chat(self, messages) -> int:
-        return sum(len(m["content"].split()) + 4 for m in messages)
+    def count_chat(self, messages, generation_prompt: bool = True) -> int:
+        return self.count(self.render_chat(messages, generation_prompt))
+
+    def render_chat(self, messages, generation_prompt: bool) -> str:
+        """Each message as `<role> . words . </role>`: 4 tokens besides its words, 2 before
+        them; the generation prompt adds none."""
+        return "".join(f"<{m['role']}> . {m['content']} . </{m['role']}> " for m in messages)
 
     def reserved_strings(self) -> list[str]:
         return ["<|im_end|>"]
@@ -827,3 +838,37 @@ def test_history_that_leaves_no_room_is_cut_oldest_exchange_first():
         {"role": "user", "content": "seven eight nine"},
         {"role": "assistant", "content": "ten eleven twelve"},
     ]
+
+
+def test_the_layout_counts_each_part_of_the_prompt_in_its_order(plain_store, plain_chunks):
+    tokenizer = WordTokenizer()
+    preparer = PromptPreparer(tokenizer, PROMPTS, max_model_len=2048, sentence_store=plain_store)
+    history = (Turn("user", "What is alpha?"), Turn("assistant", "A letter."))
+    prepared = preparer.prepare(
+        Conversation("Why beta?", history=history),
+        retrieval(*plain_chunks[:2]),
+        CompressionPlan(method="none"),
+        max_output_tokens=16,
+    )
+
+    layout = prepared.layout
+    assert layout is not None
+    system = len(SYSTEM.split()) + 4
+    assert layout.system == system
+    assert layout.history == (3 + 4) + (2 + 4)
+    # The user message's opening (2 tokens), "Sources:" and the two rendered sources.
+    sources = render_context([chunk_of(i, PLAIN_SPECS[i][0]) for i in range(2)])
+    assert layout.passages == 2 + 1 + len(sources.split())
+    # What is left is the question and the template's tail: "Question: Why beta?" and the
+    # user message's closing markers.
+    total = tokenizer.count_chat(prepared.messages)
+    assert total - layout.system - layout.history - layout.passages == 3 + 2
+
+
+def test_a_prompt_without_sources_or_history_has_only_a_system_part():
+    preparer = PromptPreparer(WordTokenizer(), PROMPTS, max_model_len=2048)
+    prepared = preparer.prepare(
+        Conversation("Why?"), retrieval(), CompressionPlan(method="none"), max_output_tokens=16
+    )
+
+    assert prepared.layout == PromptLayout(len(SYSTEM.split()) + 4, 0, 0)

@@ -41,6 +41,15 @@ def test_count_is_without_special_tokens_and_count_chat_includes_the_generation_
     assert set(hf.seen_special) == {False}
 
 
+def test_count_chat_without_the_generation_prompt_counts_where_the_next_message_starts():
+    tokenizer = ServingTokenizer(CharTokenizer())
+    system = [{"role": "system", "content": "s"}]
+
+    assert tokenizer.render_chat(system, False) == "<system>s</>"
+    assert tokenizer.count_chat(system, False) == len("<system>s</>")
+    assert tokenizer.count_chat(system) == len("<system>s</><assistant>")
+
+
 def test_reserved_strings_are_unique_non_empty_and_longest_first():
     reserved = ServingTokenizer(CharTokenizer()).reserved_strings()
 
