@@ -25,6 +25,7 @@ from retrieval.models import resolve_model_reference
 logger = get_logger(__name__)
 
 PREFIX_CACHE_AFFINITY_ROUTER = "ray.serve.llm.request_router.PrefixCacheAffinityRouter"
+PASSAGE_AFFINITY_ROUTER = "deployments.passage_router.PassageAffinityRouter"
 
 
 def build_app(args: dict[str, Any] | None = None) -> Application:
@@ -142,6 +143,11 @@ def generator_llm_config(generator: GeneratorConfig, retry_after_s: float = 1.0)
         deployment["request_router_config"] = {
             "request_router_class": PREFIX_CACHE_AFFINITY_ROUTER,
             "request_router_kwargs": kwargs,
+        }
+    elif router.kind == "passage_affinity":
+        deployment["request_router_config"] = {
+            "request_router_class": PASSAGE_AFFINITY_ROUTER,
+            "request_router_kwargs": {"max_queue_gap": router.imbalanced_threshold},
         }
     llm_config: dict[str, Any] = {
         "model_loading_config": {

@@ -81,18 +81,21 @@ class OpenAIEngineConfig(StrictModel):
 
 
 class RequestRouterConfig(StrictModel):
-    kind: Literal["power_of_two", "prefix_cache_affinity"] = Field(
+    kind: Literal["power_of_two", "prefix_cache_affinity", "passage_affinity"] = Field(
         "power_of_two",
         description="How the ingress picks a generator replica: Serve's default (the less "
-        "loaded of two random replicas), or Ray Serve LLM's PrefixCacheAffinityRouter "
-        "(the replica that already served the longest prefix, while loads are balanced).",
+        "loaded of two random replicas); Ray Serve LLM's PrefixCacheAffinityRouter (the "
+        "replica that already served the longest prefix of the prompt text, while loads "
+        "are balanced); or passage_affinity (deployments.passage_router: the replica a "
+        "hash of the first passage, or of a conversation's first turn, points at, while "
+        "loads are balanced; no shared state).",
     )
     imbalanced_threshold: float | None = Field(
         2.0,
         ge=0,
-        description="prefix_cache_affinity: queue-length gap past which load wins over "
-        "prefix affinity. None (never) sends every request to one replica here, since all "
-        "prompts share the long system prompt.",
+        description="Affinity routers: queue-length gap past which load wins over affinity. "
+        "None (never) lets affinity always win: with prefix_cache_affinity every request "
+        "then goes to one replica here, since all prompts share the long system prompt.",
     )
     match_rate_threshold: float = Field(
         0.1, ge=0, le=1, description="prefix_cache_affinity: least prefix match that counts."
@@ -168,8 +171,8 @@ class GeneratorConfig(StrictModel):
             raise ValueError("generator.engine 'openai' needs generator.openai.base_url")
         if self.engine != "vllm" and self.request_router.kind != "power_of_two":
             raise ValueError(
-                "generator.request_router.kind prefix_cache_affinity needs engine 'vllm' "
-                "(Ray Serve LLM's router reads its replicas' prefix trees)"
+                f"generator.request_router.kind {self.request_router.kind} needs engine "
+                "'vllm': it routes to replicas' prefix caches"
             )
         if "max_model_len" in self.engine_kwargs:
             raise ValueError("set generator.max_model_len, not engine_kwargs.max_model_len")

@@ -263,6 +263,9 @@ class GenerationRequest:
     max_tokens: int
     temperature: float
     request_id: str
+    # What a request router may route on (generation.routing): the identity of the prompt's
+    # opening past the system prompt, "" when it has none worth keeping together.
+    routing_key: str = ""
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import time
 from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass, field, replace
@@ -224,7 +225,11 @@ class RagPipeline:
         finish: FinishEvent | None = None
         cleaner = AnswerStreamCleaner([source.chunk_id for source in prepared.sources])
         request = GenerationRequest(
-            prepared.messages, query.max_tokens, query.temperature, query.request_id
+            prepared.messages,
+            query.max_tokens,
+            query.temperature,
+            query.request_id,
+            routing_key(prepared, retrieval.collection),
         )
         try:
             # aclosing: leaving early (an error event, a client gone) closes the generator
@@ -466,6 +471,21 @@ def _interrupted(exc: StageUnavailable) -> StageError:
         "service_unavailable",
         code=f"{exc.stage}_{exc.kind}",
     )
+
+
+def routing_key(prepared: PreparedPrompt, collection: str) -> str:
+    """What opens the prompt past the system prompt, for the generator's request router: the
+    first earlier turn in a conversation (its later turns share that prefix), else the first
+    passage (questions that retrieve it first share it); with the system prompt itself, which
+    differs by answer style. "" for a prompt without either."""
+    if prepared.history_turns:
+        opening = prepared.messages[1]["content"]
+    elif prepared.sources:
+        opening = f"{collection}\x00{prepared.sources[0].chunk_id}"
+    else:
+        return ""
+    system = prepared.messages[0]["content"]
+    return hashlib.blake2b(f"{system}\x00{opening}".encode(), digest_size=12).hexdigest()
 
 
 def _ms(start: float, end: float) -> float:

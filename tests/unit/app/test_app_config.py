@@ -313,17 +313,19 @@ def test_the_served_model_name_is_the_server_model_when_set():
     ],
     ids=["openai", "paced"],
 )
-def test_the_prefix_cache_affinity_router_needs_the_vllm_engine(generator):
-    args = {"generator": {**generator, "request_router": {"kind": "prefix_cache_affinity"}}}
+@pytest.mark.parametrize("kind", ["prefix_cache_affinity", "passage_affinity"])
+def test_an_affinity_router_needs_the_vllm_engine(generator, kind):
+    args = {"generator": {**generator, "request_router": {"kind": kind}}}
 
-    with pytest.raises(ConfigError, match="prefix_cache_affinity needs engine 'vllm'"):
+    with pytest.raises(ConfigError, match=f"{kind} needs engine 'vllm'"):
         parse_config(args)
 
 
-def test_the_prefix_cache_affinity_router_is_accepted_for_vllm():
-    config = parse_config({"generator": {"request_router": {"kind": "prefix_cache_affinity"}}})
+@pytest.mark.parametrize("kind", ["prefix_cache_affinity", "passage_affinity"])
+def test_an_affinity_router_is_accepted_for_vllm(kind):
+    config = parse_config({"generator": {"request_router": {"kind": kind}}})
 
-    assert config.generator.request_router.kind == "prefix_cache_affinity"
+    assert config.generator.request_router.kind == kind
 
 
 def test_the_shipped_serve_config_still_parses_with_the_vllm_engine():

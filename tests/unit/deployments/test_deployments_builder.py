@@ -14,6 +14,7 @@ import yaml
 from app.config import ConfigError, RagAppConfig, parse_config
 from app.settings import UnsafeSettingsError
 from deployments.builder import (
+    PASSAGE_AFFINITY_ROUTER,
     PREFIX_CACHE_AFFINITY_ROUTER,
     build_app,
     build_generator,
@@ -178,8 +179,20 @@ def test_prefix_cache_affinity_routes_with_ray_serve_llms_router(router, kwargs)
     }
 
 
-def test_the_router_class_path_names_an_importable_class():
-    module, _, name = PREFIX_CACHE_AFFINITY_ROUTER.rpartition(".")
+@pytest.mark.parametrize(("gap", "max_queue_gap"), [(None, None), (3, 3)])
+def test_passage_affinity_routes_with_the_projects_router(gap, max_queue_gap):
+    router = {"kind": "passage_affinity", "imbalanced_threshold": gap}
+    llm = generator_llm_config(GeneratorConfig(request_router=router))
+
+    assert llm["deployment_config"]["request_router_config"] == {
+        "request_router_class": PASSAGE_AFFINITY_ROUTER,
+        "request_router_kwargs": {"max_queue_gap": max_queue_gap},
+    }
+
+
+@pytest.mark.parametrize("path", [PREFIX_CACHE_AFFINITY_ROUTER, PASSAGE_AFFINITY_ROUTER])
+def test_the_router_class_path_names_an_importable_class(path):
+    module, _, name = path.rpartition(".")
 
     assert isinstance(getattr(importlib.import_module(module), name), type)
 
@@ -213,6 +226,19 @@ def test_ray_serve_llm_accepts_the_prefix_cache_affinity_router(llm_config_class
     router = deployment["request_router_config"]
     assert router["request_router_class"] == PREFIX_CACHE_AFFINITY_ROUTER
     assert router["request_router_kwargs"]["imbalanced_threshold"] == 8
+
+
+def test_serve_loads_the_passage_affinity_router_with_its_kwargs():
+    from ray.serve.config import RequestRouterConfig
+
+    generator = GeneratorConfig(request_router={"kind": "passage_affinity"})
+    router = generator_llm_config(generator)["deployment_config"]["request_router_config"]
+
+    # Serve imports and serializes the class here, as it does when it deploys the config.
+    config = RequestRouterConfig(**router)
+
+    assert config.get_request_router_class().__name__ == "PassageAffinityRouter"
+    assert config.request_router_kwargs == {"max_queue_gap": 2.0}
 
 
 # --- the engines outside Ray Serve LLM and the whole application ------------------------------

@@ -17,6 +17,7 @@ import pytest
 
 from pipeline.conversation import ConversationSettings
 from pipeline.messages import (
+    DEFAULT_COLLECTION,
     DEFAULT_SEARCH,
     Attribution,
     Citation,
@@ -48,6 +49,7 @@ from pipeline.rag import (
     RagResult,
     RequestRefused,
     SourcesEvent,
+    routing_key,
     tpot_ms,
 )
 from pipeline.stages import StageUnavailable
@@ -291,7 +293,8 @@ def test_stages_are_asked_with_the_query_and_the_previous_answers():
     assert (conversation, plan, max_output_tokens) == (Conversation("Q?"), PLAN, 64)
     assert given_retrieval.chunks == CHUNKS
     [(request,)] = stages.called("generate")
-    assert request == GenerationRequest(sources.prepared.messages, 64, 0.3, "req-1")
+    key = routing_key(sources.prepared, DEFAULT_COLLECTION)
+    assert request == GenerationRequest(sources.prepared.messages, 64, 0.3, "req-1", key)
 
 
 def test_the_result_carries_the_answer_usage_and_timings():
@@ -933,3 +936,26 @@ def test_invalid_markers_and_leaked_tags_never_reach_the_client():
     assert streamed == answer
     assert "[kv#0]" in answer
     assert "bogus#9" not in answer and "<source" not in answer
+
+
+def test_the_routing_key_follows_the_first_passage_or_the_conversations_first_turn():
+    first = prepared_prompt()
+    # Another question whose first passage is the same: the same key.
+    other_question = replace(
+        first, messages=[first.messages[0], {"role": "user", "content": "Other?"}]
+    )
+    assert routing_key(first, "docs") == routing_key(other_question, "docs")
+    assert routing_key(first, "docs") != routing_key(first, "other-collection")
+    reordered = replace(first, sources=first.sources[::-1])
+    assert routing_key(first, "docs") != routing_key(reordered, "docs")
+    # Another system prompt (answer style): another prefix, another key.
+    styled = replace(first, messages=[{"role": "system", "content": "T"}, *first.messages[1:]])
+    assert routing_key(first, "docs") != routing_key(styled, "docs")
+
+    # A conversation: its first turn opens every later prompt, whatever was retrieved.
+    turn = {"role": "user", "content": "Earlier?"}
+    talk = replace(first, messages=[first.messages[0], turn, *first.messages[1:]], history_turns=1)
+    assert routing_key(talk, "docs") == routing_key(replace(talk, sources=()), "docs")
+    assert routing_key(talk, "docs") != routing_key(first, "docs")
+
+    assert routing_key(replace(first, sources=()), "docs") == ""
