@@ -26,8 +26,10 @@ import asyncio
 import json
 import logging
 import random
+import re
 import sys
-from collections import defaultdict
+import time
+from collections import Counter, defaultdict
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -86,6 +88,15 @@ SETTINGS = {
     # the partial block at its end (on average half a block).
     "today-b128": Setting("today-b128", {"generator.engine_kwargs.block_size": 128}, None, False),
     "today-b32": Setting("today-b32", {"generator.engine_kwargs.block_size": 32}, None, False),
+    # Two generator replicas (--config serve_config.scale.yaml): Serve's default router
+    # against generation.routing's, both with the reuse layout, whose first passage is the
+    # one a later question finds cached.
+    "reuse-p2c": Setting(
+        "reuse-p2c", {"generator.request_router.kind": "power_of_two"}, None, True
+    ),
+    "reuse-passage": Setting(
+        "reuse-passage", {"generator.request_router.kind": "passage_affinity"}, None, True
+    ),
 }
 # Pairs the report compares, where both sides ran.
 COMPARISONS = (
@@ -93,7 +104,13 @@ COMPARISONS = (
     ("reuse", "naive"),
     ("today", "naive"),
     ("today-b32", "today-b128"),
+    ("reuse-passage", "reuse-p2c"),
 )
+# Serve's access log line of a finished generator call: "rag_Generator <replica> <request>
+# -- CALL generate OK"; counted per replica, it gives each replica's share of the requests.
+_GENERATOR_CALL = re.compile(r"rag_Generator (\S+) \S+ -- CALL generate OK")
+# Serve forwards replica logs to the `serve run` output within about a second.
+_LOG_LAG_S = 3.0
 ORDER = ("today", "reuse", "reuse", "today", "naive")
 PHASES = ("skewed-c1", "skewed-c4", "uniform-c1")
 
@@ -174,16 +191,29 @@ def specs(phase: Phase, setting: Setting) -> list[RequestSpec]:
 
 def run_setting(
     setting: Setting, plan: Sequence[Phase], base: Path, out_dir: Path, run: int
-) -> dict[str, list[dict[str, Any]]]:
-    """Start a fresh service for `setting`, send every phase in turn, stop it."""
+) -> tuple[dict[str, list[dict[str, Any]]], dict[str, dict[str, int]]]:
+    """Start a fresh service for `setting`, send every phase in turn, stop it: the records
+    of every phase, and its finished generator calls per replica."""
     overrides = {"retriever.index_path": str(DEFAULT_INDEX_DIR), **setting.overrides}
     name = f"{run}-{setting.name}"
     records: dict[str, list[dict[str, Any]]] = {}
+    calls: dict[str, dict[str, int]] = {}
+    log = out_dir / f"{name}.serve.log"
     with variant_service(base, overrides, out_dir, name) as url:
         for phase in plan:
             logger.info("%s: %s, %d requests", name, phase.name, len(phase.items))
+            offset = log.stat().st_size
             records[phase.name] = [asdict(r) for r in asyncio.run(_send(url, phase, setting))]
-    return records
+            time.sleep(_LOG_LAG_S)
+            with log.open("rb") as file:
+                file.seek(offset)
+                calls[phase.name] = generator_calls(file.read().decode(errors="replace"))
+    return records, calls
+
+
+def generator_calls(log_text: str) -> dict[str, int]:
+    """Finished generator calls per replica in a stretch of a `serve run` log."""
+    return dict(Counter(_GENERATOR_CALL.findall(log_text)))
 
 
 async def _send(url: str, phase: Phase, setting: Setting) -> list[RequestRecord]:
@@ -234,6 +264,28 @@ def _segment_shares(records: Sequence[dict[str, Any]], prompt: int) -> list[str]
     ]
 
 
+def _replica_shares(results: dict[str, Any]) -> list[str]:
+    """The table of each run's generator calls per replica, where a run had 2+ replicas."""
+    rows = []
+    for i, run in enumerate(results["runs"]):
+        for phase, calls in (run.get("generator_calls") or {}).items():
+            if len(calls) < 2:
+                continue
+            total = sum(calls.values())
+            shares = sorted((count / total for count in calls.values()), reverse=True)
+            counts = " / ".join(str(count) for count in sorted(calls.values(), reverse=True))
+            rows.append([f"{i}-{run['setting']}", phase, total, counts, f"{shares[0]:.2f}"])
+    if not rows:
+        return []
+    header = ["run", "phase", "generator calls", "per replica", "largest share"]
+    return [
+        "",
+        "Generator calls per replica (Serve's access log):",
+        "",
+        markdown_table(header, rows, numeric=(2, 4)),
+    ]
+
+
 def report(results: dict[str, Any]) -> str:
     """The Markdown report of a saved run (results.json)."""
     plan = {p["name"]: p for p in results["phases"]}
@@ -280,6 +332,7 @@ def report(results: dict[str, Any]) -> str:
         "95% bootstrap interval; an interval holding 1 is no detectable difference:",
         "",
         markdown_table(["phase", "requests", "comparison", "ratio [95% CI]", "n"], ratios),
+        *_replica_shares(results),
     ]
     return "\n".join(lines) + "\n"
 
@@ -324,8 +377,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "runs": [],
     }
     for run, name in enumerate(args.settings):
-        records = run_setting(SETTINGS[name], plan, args.config, args.out, run)
-        results["runs"].append({"setting": name, "records": records})
+        records, calls = run_setting(SETTINGS[name], plan, args.config, args.out, run)
+        results["runs"].append({"setting": name, "records": records, "generator_calls": calls})
         saved.write_text(json.dumps(results, indent=1))  # kept as it grows
     (args.out / "README.md").write_text(report(results))
     return 0

@@ -8,6 +8,7 @@ import pytest
 
 from bench.reuse import (
     SETTINGS,
+    generator_calls,
     phases,
     ratio_interval,
     report,
@@ -87,6 +88,9 @@ def test_each_setting_asks_what_it_stands_for():
         setting = SETTINGS[f"today-b{blocks}"]
         assert setting.overrides == {"generator.engine_kwargs.block_size": blocks}
         assert (setting.method, setting.reuse) == (None, False)
+    for name, kind in (("reuse-p2c", "power_of_two"), ("reuse-passage", "passage_affinity")):
+        assert SETTINGS[name].overrides == {"generator.request_router.kind": kind}
+        assert (SETTINGS[name].method, SETTINGS[name].reuse) == (None, True)
 
 
 def test_the_ratio_is_the_median_per_request_ratio_and_skips_missing_pairs():
@@ -158,3 +162,45 @@ def test_the_report_splits_cold_and_warm_and_pairs_the_settings():
     # One cold pair is too few for an interval.
     assert "| skewed-c1 | cold | reuse / today | no interval | 0 |" in text
     assert "naive" not in text.split("Median per-request")[1]
+
+
+SERVE_LOG = """\
+(ServeReplica:rag:Generator pid=1) INFO rag_Generator hk1spbnp 99c4 -- CALL generate OK 6025.7ms
+(ServeReplica:rag:Generator pid=2) INFO rag_Generator zz9qq 1a2b -- CALL generate OK 12.0ms
+(ServeReplica:rag:Generator pid=1) INFO rag_Generator hk1spbnp d92d -- CALL generate OK 5995.7ms
+(ServeReplica:rag:Generator pid=1) INFO rag_Generator hk1spbnp e3f1 -- CALL generate ERROR 1.0ms
+(ServeReplica:rag:Compressor pid=3) INFO rag_Compressor c0 77aa -- CALL prepare OK 4.0ms
+"""
+
+
+def test_generator_calls_are_counted_per_replica_from_serves_access_log():
+    assert generator_calls(SERVE_LOG) == {"hk1spbnp": 2, "zz9qq": 1}
+    assert generator_calls("") == {}
+
+
+def test_the_report_shows_each_replicas_share_where_there_were_two():
+    items = [{"question_id": "q0", "question": "?", "paragraph_id": "p0", "warm": False}]
+    runs = [
+        {
+            "setting": setting,
+            "records": {"skewed-c4": [record(90)]},
+            "generator_calls": {"skewed-c4": calls},
+        }
+        for setting, calls in (
+            ("reuse-p2c", {"a": 30, "b": 70}),
+            ("reuse-passage", {"a": 55, "b": 45}),
+            ("today", {"a": 100}),
+        )
+    ]
+    results = {
+        "command": "python -m bench.reuse",
+        "machine": "test CPU",
+        "phases": [{"name": "skewed-c4", "concurrency": 4, "items": items}],
+        "runs": runs,
+    }
+
+    text = report(results)
+
+    assert "| 0-reuse-p2c | skewed-c4 | 100 | 70 / 30 | 0.70 |" in text
+    assert "| 1-reuse-passage | skewed-c4 | 100 | 55 / 45 | 0.55 |" in text
+    assert "2-today" not in text.split("Generator calls per replica")[1]
