@@ -70,7 +70,10 @@ class CompressorDeployment:
             cost_model=compression.cost_model.to_model(),
             history_max_tokens=config.conversation.history_max_tokens,
             collection_stores=collections.store_for if collections is not None else None,
-            passage_cache=PassageCacheView(compression.reuse.capacity_tokens),
+            passage_cache=PassageCacheView(
+                compression.reuse.capacity_tokens,
+                path_passages=compression.reuse.path_passages,
+            ),
         )
         self._attributor: Attributor | None = None
         if config.citations.enabled:

@@ -130,6 +130,14 @@ class PassageReuseConfig(StrictModel):
         "(VLLM_CPU_KVCACHE_SPACE / bytes per token) less what running requests need. Too "
         "high or too low only costs speed.",
     )
+    path_passages: int | None = Field(
+        1,
+        ge=1,
+        description="Passages the layout keeps whole in the shared prefix after the system "
+        "prompt (None: no limit). Questions about one passage rarely share their second "
+        "and later passages, so seeding deeper paths cost a whole passage's prefill a "
+        "request for hits that seldom came (docs/benchmarks.md, passage reuse).",
+    )
 
 
 class CompressionConfig(StrictModel):

@@ -315,7 +315,9 @@ class PromptPreparer:
         # saving now, and pays only if later requests retrieve it (bench.reuse measured
         # every hot passage sent whole at once: slower, the paths broke early).
         hot = [key for key in earlier if key not in cached]
-        seed = [max(hot, key=lambda key: (earlier[key], key))] if hot else []
+        limit = self._passage_cache.path_passages
+        room = limit is None or len(cached) < limit
+        seed = [max(hot, key=lambda key: (earlier[key], key))] if hot and room else []
         first = [*cached, *seed]
         taken = set(first)
         rest = [chunk for key, chunk in by_key.items() if key not in taken]

@@ -54,10 +54,19 @@ class PassageCacheView:
     thread, so callers hold a lock (PromptPreparer does).
     """
 
-    def __init__(self, capacity_tokens: int, remembered_passages: int = 4096) -> None:
+    def __init__(
+        self,
+        capacity_tokens: int,
+        remembered_passages: int = 4096,
+        path_passages: int | None = None,
+    ) -> None:
         if capacity_tokens < 1:
             raise ValueError("capacity_tokens must be at least 1")
+        if path_passages is not None and path_passages < 1:
+            raise ValueError("path_passages must be at least 1")
         self._capacity_tokens = capacity_tokens
+        # How many passages a layout keeps in the shared prefix (None: no limit).
+        self.path_passages = path_passages
         self._roots: dict[str, _Node] = {}
         self._clock = itertools.count(1)
         self._tokens = 0
@@ -82,11 +91,12 @@ class PassageCacheView:
 
     def cached_prefix(self, root: str, keys: Sequence[str]) -> list[str]:
         """The longest path of passages sent after `root` whose every passage is among
-        `keys`, in the order it was sent; where two branches fit, the most recently used."""
+        `keys`, in the order it was sent, at most `path_passages` long; where two branches
+        fit, the most recently used."""
         node = self._roots.get(root)
         wanted = set(keys)
         path: list[str] = []
-        while node is not None:
+        while node is not None and (self.path_passages is None or len(path) < self.path_passages):
             fitting = [(child.last_used, key) for key, child in node.children.items()]
             fitting = [item for item in fitting if item[1] in wanted and item[1] not in path]
             if not fitting:

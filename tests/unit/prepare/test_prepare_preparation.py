@@ -297,6 +297,32 @@ def test_reuse_compresses_new_passages_then_seeds_one_at_a_time(plain_store, pla
     assert third.reused_passage_tokens == 9
 
 
+def test_with_a_one_passage_path_only_the_first_passage_is_ever_sent_whole(
+    plain_store, plain_chunks
+):
+    preparer = PromptPreparer(
+        WordTokenizer(),
+        PROMPTS,
+        max_model_len=2048,
+        sentence_store=plain_store,
+        passage_cache=PassageCacheView(10_000, path_passages=1),
+    )
+    plan = CompressionPlan("sentences", rate=0.5, reuse=True)
+    whole = {f"doc{i}#0": " ".join(sentences) for i, (sentences, _) in enumerate(PLAIN_SPECS)}
+    asked = [
+        preparer.prepare(Conversation("Which?"), retrieval(*plain_chunks[:3]), plan, 64)
+        for _ in range(4)
+    ]
+
+    sent_whole = [[s.chunk_id for s in p.sources if s.text == whole[s.chunk_id]] for p in asked]
+    # Seen, then seeded, then cached: one passage whole, first; the rest always compressed.
+    assert sent_whole[0] == []
+    assert len(sent_whole[1]) == 1
+    assert sent_whole[2] == sent_whole[3] == sent_whole[1]
+    assert [p.reused_passages for p in asked] == [0, 0, 1, 1]
+    assert all(p.sources[0].chunk_id == sent_whole[1][0] for p in asked[1:])
+
+
 def test_cached_passages_go_first_and_only_new_ones_are_compressed(plain_store, plain_chunks):
     preparer = reuse_preparer(plain_store)
     plan = CompressionPlan("sentences", rate=0.5, reuse=True)

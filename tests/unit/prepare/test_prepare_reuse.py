@@ -23,6 +23,16 @@ def test_the_cached_path_is_in_the_order_sent_whatever_the_order_asked():
     assert view.cached_prefix(SYSTEM, ["b", "c"]) == []
 
 
+def test_the_path_stops_at_its_passage_limit():
+    view = PassageCacheView(1000, path_passages=1)
+    view.record(SYSTEM, [("a", 100), ("b", 100), ("c", 100)])
+
+    assert view.path_passages == 1
+    assert view.cached_prefix(SYSTEM, ["c", "a", "b"]) == ["a"]
+    with pytest.raises(ValueError, match="path_passages"):
+        PassageCacheView(1000, path_passages=0)
+
+
 def test_each_system_prompt_has_its_own_tree():
     view = PassageCacheView(1000)
     view.record(SYSTEM, [("a", 100)])
