@@ -77,8 +77,9 @@ HOST_MS_PER_CALL = 5.8
 HOST_MS_PER_TOKEN = 0.0125
 # Sentence selection is host work too: the CPU profile's fitted figure, from
 # `python -m bench.context_sweep --lengths 512 1024 2048 4096 --repeats 3 --method sentences
-# --paired` (n = 4 context lengths; docs/benchmarks.md), as serve_config.yaml ships it.
-SENTENCES_MS_PER_TOKEN = 0.0084
+# --paired` (n = 4 context lengths; docs/benchmarks.md), as serve_config.yaml ships it and
+# docs/results/context-sentences/cost_model.json stores it (the unit tests hold it there).
+SENTENCES_MS_PER_TOKEN = 0.0058
 # Chunk lengths the host work is measured at (cl100k tokens): the index's chunks are up to
 # 200 embedder tokens, so up to about 250 here; longer ones show the per-token slope.
 HOST_TOKEN_LENGTHS = (50, 100, 150, 200, 300, 400)

@@ -8,6 +8,7 @@ comment prints: one source of truth.
 
 from __future__ import annotations
 
+import json
 import math
 import shlex
 
@@ -16,6 +17,7 @@ import yaml
 
 from advisor.compression_costs import (
     COMMAND,
+    SENTENCES_MS_PER_TOKEN,
     HostCosts,
     Inputs,
     fit_host,
@@ -203,3 +205,11 @@ def test_the_host_figures_can_be_measured_with_the_stand_in_scorer():
     assert measured.rows[0][0] >= 50 and measured.rows[1][0] >= 150
     assert measured.forward_ms > 0 and measured.repeats == 2
     assert measured.ms_per_call >= 0 and measured.ms_per_token >= 0
+
+
+def test_the_host_sentence_figure_is_the_stored_cpu_fit():
+    stored = json.loads(
+        (PROJECT_ROOT / "docs" / "results" / "context-sentences" / "cost_model.json").read_text()
+    )
+
+    assert stored["compression.cost_model.sentences.ms_per_token"] == SENTENCES_MS_PER_TOKEN
