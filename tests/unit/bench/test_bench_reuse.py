@@ -8,7 +8,9 @@ import pytest
 
 from bench.reuse import (
     SETTINGS,
+    WorkItem,
     generator_calls,
+    overlap_row,
     phases,
     ratio_interval,
     report,
@@ -204,3 +206,17 @@ def test_the_report_shows_each_replicas_share_where_there_were_two():
     assert "| 0-reuse-p2c | skewed-c4 | 100 | 70 / 30 | 0.70 |" in text
     assert "| 1-reuse-passage | skewed-c4 | 100 | 55 / 45 | 0.55 |" in text
     assert "2-today" not in text.split("Generator calls per replica")[1]
+
+
+def test_overlap_counts_what_earlier_requests_retrieved_for_the_warm_ones():
+    items = [
+        WorkItem("q0", "?", "p0", False),
+        WorkItem("q1", "?", "p0", True),
+        WorkItem("q2", "?", "p1", False),
+        WorkItem("q3", "?", "p0", True),
+    ]
+    retrieved = [["a", "b"], ["b", "c"], ["d", "e"], ["a", "d"]]
+
+    # q1: b seen (1/2), top b was no earlier top; q3: a and d seen (2/2), top a was q0's.
+    assert overlap_row(items, retrieved) == [2, "0.75", "0.50"]
+    assert overlap_row(items[:1], retrieved[:1]) == [0, "-", "-"]
