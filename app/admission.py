@@ -90,7 +90,7 @@ class BodySizeLimit:
             await self.app(scope, receive, send)
             return
         limit = self.max_bytes_for(scope) if self.max_bytes_for else self.max_bytes
-        declared = _content_length(scope)
+        declared = content_length(scope)
         if declared is not None:
             if declared > limit:
                 await self._refuse(scope, send)
@@ -125,11 +125,13 @@ class BodySizeLimit:
         await send({"type": "http.response.body", "body": body})
 
 
-def _content_length(scope: Scope) -> int | None:
+def content_length(scope: Scope) -> int | None:
+    """The request's declared Content-Length, None when absent or not a count of bytes."""
     for name, value in scope.get("headers", ()):
         if name == b"content-length":
             try:
-                return int(value)
+                length = int(value)
             except ValueError:
                 return None
+            return length if length >= 0 else None
     return None

@@ -43,6 +43,7 @@ from app.errors import (
     payload_too_large,
     stage_unavailable,
     timed_out,
+    upload_budget_exceeded,
 )
 from app.guard import RequestGuard, grant_of, request_id_of
 from app.keys import check_read
@@ -57,6 +58,7 @@ from app.schemas import (
     RagQueryResponse,
 )
 from app.settings import Settings
+from app.upload_budget import UploadBudget, UploadBudgetGate
 from pipeline.log import get_logger
 from pipeline.messages import DEFAULT_COLLECTION, CompressionPlan, SearchOptions, Turn
 from pipeline.rag import (
@@ -75,6 +77,11 @@ logger = get_logger(__name__)
 
 # Document uploads (POST) may be larger than other bodies: collections.max_upload_bytes.
 UPLOAD_PATH = re.compile(r"/v1/collections/[^/]+/documents")
+
+
+def is_upload(scope: Scope) -> bool:
+    """Whether the request adds documents to a collection (a body up to max_upload_bytes)."""
+    return scope["method"] == "POST" and UPLOAD_PATH.fullmatch(scope["path"]) is not None
 
 
 @dataclass
@@ -134,8 +141,7 @@ def create_api(state: ApiState | None = None) -> FastAPI:
     upload_limit = state.config.collections.max_upload_bytes if state else limit
 
     def limit_of(scope: Scope) -> int:
-        uploading = scope["method"] == "POST" and UPLOAD_PATH.fullmatch(scope["path"])
-        return upload_limit if uploading else limit
+        return upload_limit if is_upload(scope) else limit
 
     # Middleware added last runs first: the request guard (key, rate), then the body-size
     # check. No body byte is read for a caller without a valid key: a chunked body is only
@@ -146,6 +152,19 @@ def create_api(state: ApiState | None = None) -> FastAPI:
         render_error=lambda scope: error_body(payload_too_large(limit_of(scope))),
         max_bytes_for=limit_of,
     )
+    if state is not None:
+        collections = state.config.collections
+        api.state.upload_budget = UploadBudget(
+            collections.upload_bytes_in_flight_per_caller, collections.upload_bytes_in_flight
+        )
+        api.add_middleware(
+            UploadBudgetGate,
+            budget=api.state.upload_budget,
+            is_upload=is_upload,
+            largest_upload_bytes=upload_limit,
+            render_error=lambda _: error_body(upload_budget_exceeded()),
+            retry_after_s=state.config.ingress.retry_after_s,
+        )
     api.add_middleware(RequestGuard)
     if state is not None:
         # Outermost: it sees the errors of the two above as well as the handlers'.

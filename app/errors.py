@@ -78,6 +78,17 @@ def rate_limited(retry_after_s: float) -> ApiError:
     )
 
 
+def upload_budget_exceeded() -> ApiError:
+    """An upload that would take this caller, or all callers, past their bytes in flight
+    (the 429's Retry-After is set by the gate)."""
+    return ApiError(
+        429,
+        "too many upload bytes in flight: wait for your earlier uploads to be accepted, then retry",
+        "rate_limit_error",
+        code="upload_budget_exceeded",
+    )
+
+
 def payload_too_large(limit_bytes: int) -> ApiError:
     return ApiError(
         413,

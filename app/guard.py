@@ -81,9 +81,11 @@ def _refusal(state: Any, scope: Scope) -> ApiError | None:
         grant = scope["state"]["grant"] = state.settings.grant(matches[0])
         if refusal := path_refusal(grant, scope["method"], scope["path"]):
             return refusal
+    # Who the request counts against (rate limit, upload budget): its key, else its address.
+    client = scope.get("client") or ("unknown", 0)
+    caller = scope["state"]["caller"] = key or f"address:{client[0]}"
     if state.rate_limiter is not None:
-        client = scope.get("client") or ("unknown", 0)
-        wait_s = state.rate_limiter.acquire(key or f"address:{client[0]}")
+        wait_s = state.rate_limiter.acquire(caller)
         if wait_s is not None:
             return rate_limited(wait_s)
     return None

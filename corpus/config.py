@@ -55,6 +55,20 @@ class CollectionsConfig(StrictModel):
     max_upload_bytes: int = Field(
         33_554_432, ge=1024, description="Largest documents upload (JSON or multipart) body."
     )
+    upload_bytes_in_flight_per_caller: int = Field(
+        67_108_864,
+        ge=1024,
+        description="Bytes of uploads one caller (API key, or client address without keys) "
+        "may have in flight in one ingress replica; past it, 429 before the body is read. "
+        "A chunked upload counts as max_upload_bytes. At least max_upload_bytes.",
+    )
+    upload_bytes_in_flight: int = Field(
+        134_217_728,
+        ge=1024,
+        description="Bytes of uploads all callers together may have in flight in one ingress "
+        "replica (its memory for upload bodies); past it, 429. At least "
+        "upload_bytes_in_flight_per_caller.",
+    )
     parse_timeout_s: float = Field(
         30.0,
         gt=0,
@@ -114,4 +128,13 @@ class CollectionsConfig(StrictModel):
     def _overlap_below_chunk(self) -> CollectionsConfig:
         if self.overlap_tokens >= self.chunk_tokens:
             raise ValueError("overlap_tokens must be smaller than chunk_tokens")
+        if self.upload_bytes_in_flight_per_caller < self.max_upload_bytes:
+            raise ValueError(
+                "upload_bytes_in_flight_per_caller must be at least max_upload_bytes, or no "
+                "upload of the largest size could ever pass"
+            )
+        if self.upload_bytes_in_flight < self.upload_bytes_in_flight_per_caller:
+            raise ValueError(
+                "upload_bytes_in_flight must be at least upload_bytes_in_flight_per_caller"
+            )
         return self

@@ -20,7 +20,7 @@ from pathlib import Path
 import httpx
 import pytest
 from crafted_pdfs import slow_pdf
-from services import PARSE_TIMEOUT_S
+from services import PARSE_TIMEOUT_S, SECOND_KEY
 
 pytestmark = pytest.mark.integration
 
@@ -284,6 +284,51 @@ def test_a_pdf_that_keeps_the_parser_busy_fails_alone_and_other_jobs_go_on(clien
     ]  # fmt: skip
     assert finished(client, bystander.json())["status"] == "succeeded"
     assert query(client, "crafted", "What did the crafted file not stop?")["sources"]
+
+
+def test_an_upload_past_the_keys_bytes_in_flight_is_refused_while_another_streams(service, client):
+    # The shared service lets one key hold one largest upload in flight (tests/services.py):
+    # a chunked upload reserves that much until it ends, so the key's next one is refused
+    # unread, while another key's goes through.
+    create(client, "upload-budget")
+    url = "/v1/collections/upload-budget/documents"
+    done = threading.Event()
+    answers: list[httpx.Response] = []
+
+    def slow_body() -> Iterator[bytes]:
+        yield b'{"documents": ['
+        while not done.is_set():
+            yield b" "
+            time.sleep(0.05)
+        yield b'{"id": "slow", "text": "A body sent slowly."}]}'
+
+    def hold() -> None:
+        with service.client() as streaming:
+            answers.append(streaming.post(url, content=slow_body()))
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    try:
+        deadline = time.monotonic() + 30
+        while True:  # until the chunked upload has reached the ingress and holds its share
+            refused = client.post(url, json={"documents": [FILLER[0]]})
+            if refused.status_code != 202 or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        assert_error(refused, 429, "upload_budget_exceeded")
+        assert refused.headers["retry-after"]
+        other_key = {"Authorization": f"Bearer {SECOND_KEY}"}
+        other = httpx.post(
+            f"{service.base_url}{url}", json={"documents": [FILLER[1]]}, headers=other_key
+        )
+        assert other.status_code == 202, other.text
+    finally:
+        done.set()
+        holder.join(timeout=60)
+    assert [answer.status_code for answer in answers] == [202]
+    # Its reservation ended with it: the key may upload again.
+    assert client.post(url, json={"documents": [FILLER[2]]}).status_code == 202
+    client.delete("/v1/collections/upload-budget")
 
 
 def test_a_replaced_document_is_served_only_in_its_new_text(client):

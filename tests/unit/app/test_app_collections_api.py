@@ -13,6 +13,7 @@ from fastapi.testclient import TestClient
 
 from app.api import create_api
 from app.config import RagAppConfig
+from app.settings import Settings
 from pipeline.messages import StageError
 from pipeline.stages import StageUnavailable
 
@@ -216,6 +217,76 @@ def test_uploads_have_their_own_body_limit():
     assert "4096 bytes" in error["message"]
     query = {"question": text}
     assert "1024 bytes" in error_of(client.post("/v1/rag/query", json=query), 413)["message"]
+
+
+def test_an_upload_past_the_callers_bytes_in_flight_is_a_429_the_writer_never_sees():
+    config = RagAppConfig.model_validate(
+        {
+            "collections": {
+                "max_upload_bytes": 4096,
+                "upload_bytes_in_flight_per_caller": 4096,
+                "upload_bytes_in_flight": 8192,
+            }
+        }
+    )
+    backend = FakeCollections()
+    client = client_of(backend, config)
+    budget = client.app.state.upload_budget
+    upload = {"documents": [{"id": "a", "text": "x" * 200}]}
+    # An earlier upload of this caller (TestClient's address) still in flight.
+    assert budget.reserve("address:testclient", 4000)
+
+    refused = client.post("/v1/collections/docs/documents", json=upload)
+
+    assert error_of(refused, 429)["code"] == "upload_budget_exceeded"
+    assert refused.headers["retry-after"] == "1"
+    assert backend.calls == []
+    budget.release("address:testclient", 4000)
+    assert client.post("/v1/collections/docs/documents", json=upload).status_code == 202
+    assert budget.total_held == 0
+    # Other routes never reserve: a query passes whatever uploads hold.
+    assert budget.reserve("address:testclient", 4096)
+    assert client.post("/v1/collections", json={"name": "more"}).status_code == 201
+
+
+def test_with_keys_each_key_has_its_own_upload_budget():
+    config = RagAppConfig.model_validate(
+        {"collections": {"max_upload_bytes": 4096, "upload_bytes_in_flight_per_caller": 4096}}
+    )
+    backend = FakeCollections()
+    state = make_state(
+        collections=backend,
+        config=config,
+        settings=Settings(environment="development", api_keys=("key-a", "key-b")),
+    )
+    client = TestClient(create_api(state), raise_server_exceptions=False)
+    upload = {"documents": [{"id": "a", "text": "x" * 200}]}
+    assert client.app.state.upload_budget.reserve("key-a", 4000)
+
+    def post(key: str):
+        headers = {"Authorization": f"Bearer {key}"}
+        return client.post("/v1/collections/docs/documents", json=upload, headers=headers)
+
+    assert error_of(post("key-a"), 429)["code"] == "upload_budget_exceeded"
+    assert post("key-b").status_code == 202
+    # Without a valid key nothing is reserved: the guard answers 401 first.
+    assert post("wrong").status_code == 401
+    assert client.app.state.upload_budget.total_held == 4000
+
+
+@pytest.mark.parametrize(
+    ("collections", "message"),
+    [
+        ({"upload_bytes_in_flight_per_caller": 2048}, "at least max_upload_bytes"),
+        (
+            {"upload_bytes_in_flight_per_caller": 8192, "upload_bytes_in_flight": 4096},
+            "at least upload_bytes_in_flight_per_caller",
+        ),
+    ],
+)
+def test_upload_budgets_below_the_largest_upload_are_refused(collections, message):
+    with pytest.raises(ValueError, match=message):
+        RagAppConfig.model_validate({"collections": {"max_upload_bytes": 4096, **collections}})
 
 
 def test_a_document_id_with_slashes_is_deleted_by_its_whole_id(client, backend):
