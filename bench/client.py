@@ -139,13 +139,28 @@ def warm_up(
 ) -> None:
     """One short request per question (with `api_key` when the service requires keys).
     Strict: an error status raises; otherwise it is the caller's next requests that tell
-    (the chaos runs warm up services they then break)."""
+    (the chaos runs warm up services they then break). A 503 is retried after its
+    Retry-After until `timeout_s` has passed: with several ingress replicas, /readyz may
+    answer from one whose stages are known while the next request reaches another that has
+    not refreshed its view yet."""
+    deadline = time.monotonic() + timeout_s
     with httpx.Client(base_url=url, timeout=timeout_s, trust_env=False) as client:
         for question in questions:
             body = {"question": question, "max_tokens": max_tokens}
-            response = client.post(QUERY_PATH, json=body, headers=auth_headers(api_key))
+            while True:
+                response = client.post(QUERY_PATH, json=body, headers=auth_headers(api_key))
+                if response.status_code != 503 or time.monotonic() >= deadline:
+                    break
+                time.sleep(_retry_after_s(response))
             if strict:
                 response.raise_for_status()
+
+
+def _retry_after_s(response: httpx.Response, default_s: float = 1.0) -> float:
+    try:
+        return min(10.0, max(0.1, float(response.headers.get("retry-after", default_s))))
+    except ValueError:
+        return default_s
 
 
 def _ms_since(started: float) -> float:

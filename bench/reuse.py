@@ -25,12 +25,13 @@ import argparse
 import asyncio
 import json
 import logging
+import os
 import random
 import re
 import sys
 import time
 from collections import Counter, defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -45,7 +46,14 @@ from bench.squad import (
     SquadSet,
     load_squad,
 )
-from bench.stats import Interval, fmt_ratio, paired_ratio, percentile
+from bench.stats import (
+    Interval,
+    fmt_ratio,
+    paired_difference,
+    paired_ratio,
+    percentile,
+    sample_median,
+)
 from bench.tables import markdown_table
 from harness.service import ROOT
 
@@ -111,6 +119,10 @@ COMPARISONS = (
 _GENERATOR_CALL = re.compile(r"rag_Generator (\S+) \S+ -- CALL generate OK")
 # Serve forwards replica logs to the `serve run` output within about a second.
 _LOG_LAG_S = 3.0
+# Ray folds lines that differ only in ids and numbers into one "[repeated Nx across
+# cluster]" line, which would hide calls and their replicas from the count: off for the
+# services this lab starts (they inherit its environment).
+DEDUP_OFF = {"RAY_DEDUP_LOGS": "0"}
 ORDER = ("today", "reuse", "reuse", "today", "naive")
 PHASES = ("skewed-c1", "skewed-c4", "uniform-c1")
 
@@ -225,9 +237,33 @@ async def _send(url: str, phase: Phase, setting: Setting) -> list[RequestRecord]
 
 def _ttfts(runs: Sequence[dict[str, list[dict[str, Any]]]], phase: str) -> list[float | None]:
     """Per request, the mean TTFT over the runs that answered it (None if none did)."""
+    return _per_request(runs, phase, lambda record: record["ttft_ms"])
+
+
+def _prepare_ms(runs: Sequence[dict[str, list[dict[str, Any]]]], phase: str) -> list[float | None]:
+    """Per request, the mean time the compressor stage took (its own, as the service reports
+    it: layout, bookkeeping, compression and prompt assembly)."""
+    return _per_request(runs, phase, _compress_ms)
+
+
+def _compress_ms(record: dict[str, Any]) -> float | None:
+    value = (record.get("server_timings_ms") or {}).get("compress")
+    return float(value) if value is not None else None
+
+
+def _per_request(
+    runs: Sequence[dict[str, list[dict[str, Any]]]],
+    phase: str,
+    value_of: Callable[[dict[str, Any]], float | None],
+) -> list[float | None]:
+    """Per request, the mean of `value_of` over the runs that answered it with one."""
     per_request: list[float | None] = []
     for i in range(len(runs[0][phase])):
-        values = [run[phase][i]["ttft_ms"] for run in runs if run[phase][i]["ok"]]
+        values = [
+            value
+            for run in runs
+            if run[phase][i]["ok"] and (value := value_of(run[phase][i])) is not None
+        ]
         per_request.append(sum(values) / len(values) if values else None)
     return per_request
 
@@ -264,6 +300,19 @@ def _segment_shares(records: Sequence[dict[str, Any]], prompt: int) -> list[str]
     ]
 
 
+def _prepare_table(rows: list[list[object]]) -> list[str]:
+    if not rows:
+        return []
+    header = ["phase", "requests", "comparison", "ms, median difference", "95% CI", "n"]
+    return [
+        "",
+        "The compressor stage's own time (what the layout and its bookkeeping add), median "
+        "of the per-request differences, paired:",
+        "",
+        markdown_table(header, rows, numeric=(3, 5)),
+    ]
+
+
 def _replica_shares(results: dict[str, Any]) -> list[str]:
     """The table of each run's generator calls per replica, where a run had 2+ replicas."""
     rows = []
@@ -274,7 +323,9 @@ def _replica_shares(results: dict[str, Any]) -> list[str]:
             total = sum(calls.values())
             shares = sorted((count / total for count in calls.values()), reverse=True)
             counts = " / ".join(str(count) for count in sorted(calls.values(), reverse=True))
-            rows.append([f"{i}-{run['setting']}", phase, total, counts, f"{shares[0]:.2f}"])
+            sent = len(run["records"][phase])
+            largest = f"{shares[0]:.2f}" if total == sent else f"{shares[0]:.2f} (of {sent} sent)"
+            rows.append([f"{i}-{run['setting']}", phase, total, counts, largest])
     if not rows:
         return []
     header = ["run", "phase", "generator calls", "per replica", "largest share"]
@@ -292,9 +343,10 @@ def report(results: dict[str, Any]) -> str:
     runs: dict[str, list[dict[str, list[dict[str, Any]]]]] = defaultdict(list)
     for run in results["runs"]:
         runs[run["setting"]].append(run["records"])
-    latency, ratios = [], []
+    latency, ratios, prepare = [], [], []
     for phase, info in plan.items():
         per_request = {name: _ttfts(setting_runs, phase) for name, setting_runs in runs.items()}
+        prepare_ms = {name: _prepare_ms(setting_runs, phase) for name, setting_runs in runs.items()}
         for segment in _segments(phase):
             keep = _segment_indices(info["items"], segment)
             for setting, setting_runs in runs.items():
@@ -317,6 +369,19 @@ def report(results: dict[str, Any]) -> str:
                     )
                     n = 0 if interval is None else interval.n
                     ratios.append([phase, segment, f"{a} / {b}", fmt_ratio(interval), n])
+                    extra = paired_difference(
+                        zip(
+                            [prepare_ms[a][i] for i in keep],
+                            [prepare_ms[b][i] for i in keep],
+                            strict=True,
+                        ),
+                        stat=sample_median,
+                    )
+                    if extra is not None:
+                        prepare.append([
+                            phase, segment, f"{a} − {b}", f"{extra.estimate:+.2f}",
+                            f"[{extra.low:+.2f}, {extra.high:+.2f}]", extra.n,
+                        ])  # fmt: skip
     header = [
         "phase", "requests", "setting", "n ok", "TTFT p50 ms", "TTFT p99 ms", "cached share",
         *(f"of it {segment}" for segment in SHARE_SEGMENTS),
@@ -332,6 +397,7 @@ def report(results: dict[str, Any]) -> str:
         "95% bootstrap interval; an interval holding 1 is no detectable difference:",
         "",
         markdown_table(["phase", "requests", "comparison", "ratio [95% CI]", "n"], ratios),
+        *_prepare_table(prepare),
         *_replica_shares(results),
     ]
     return "\n".join(lines) + "\n"
@@ -441,6 +507,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         ],
         "runs": [],
     }
+    os.environ.update(DEDUP_OFF)
     for run, name in enumerate(args.settings):
         records, calls = run_setting(SETTINGS[name], plan, args.config, args.out, run)
         results["runs"].append({"setting": name, "records": records, "generator_calls": calls})

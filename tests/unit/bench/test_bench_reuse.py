@@ -181,17 +181,21 @@ def test_generator_calls_are_counted_per_replica_from_serves_access_log():
 
 
 def test_the_report_shows_each_replicas_share_where_there_were_two():
-    items = [{"question_id": "q0", "question": "?", "paragraph_id": "p0", "warm": False}]
+    items = [
+        {"question_id": f"q{i}", "question": "?", "paragraph_id": "p0", "warm": False}
+        for i in range(4)
+    ]
     runs = [
         {
             "setting": setting,
-            "records": {"skewed-c4": [record(90)]},
+            "records": {"skewed-c4": [record(90)] * 4},
             "generator_calls": {"skewed-c4": calls},
         }
         for setting, calls in (
-            ("reuse-p2c", {"a": 30, "b": 70}),
-            ("reuse-passage", {"a": 55, "b": 45}),
-            ("today", {"a": 100}),
+            ("reuse-p2c", {"a": 1, "b": 3}),
+            ("reuse-passage", {"a": 2, "b": 2}),
+            ("reuse-passage", {"a": 1, "b": 1}),
+            ("today", {"a": 4}),
         )
     ]
     results = {
@@ -201,11 +205,13 @@ def test_the_report_shows_each_replicas_share_where_there_were_two():
         "runs": runs,
     }
 
-    text = report(results)
+    text = report(results).split("Generator calls per replica")[1]
 
-    assert "| 0-reuse-p2c | skewed-c4 | 100 | 70 / 30 | 0.70 |" in text
-    assert "| 1-reuse-passage | skewed-c4 | 100 | 55 / 45 | 0.55 |" in text
-    assert "2-today" not in text.split("Generator calls per replica")[1]
+    assert "| 0-reuse-p2c | skewed-c4 | 4 | 3 / 1 | 0.75 |" in text
+    assert "| 1-reuse-passage | skewed-c4 | 4 | 2 / 2 | 0.50 |" in text
+    # Fewer calls counted than requests sent: the share is of what was counted, and says so.
+    assert "| 2-reuse-passage | skewed-c4 | 2 | 1 / 1 | 0.50 (of 4 sent) |" in text
+    assert "3-today" not in text
 
 
 def test_overlap_counts_what_earlier_requests_retrieved_for_the_warm_ones():
@@ -220,3 +226,27 @@ def test_overlap_counts_what_earlier_requests_retrieved_for_the_warm_ones():
     # q1: b seen (1/2), top b was no earlier top; q3: a and d seen (2/2), top a was q0's.
     assert overlap_row(items, retrieved) == [2, "0.75", "0.50"]
     assert overlap_row(items[:1], retrieved[:1]) == [0, "-", "-"]
+
+
+def test_the_report_pairs_the_compressor_stages_own_time():
+    items = [
+        {"question_id": f"q{i}", "question": "?", "paragraph_id": "p0", "warm": False}
+        for i in range(3)
+    ]
+
+    def timed(compress_ms: float) -> dict:
+        return {**record(100), "server_timings_ms": {"compress": compress_ms}}
+
+    results = {
+        "command": "python -m bench.reuse",
+        "machine": "test CPU",
+        "phases": [{"name": "uniform-c1", "concurrency": 1, "items": items}],
+        "runs": [
+            {"setting": "today", "records": {"uniform-c1": [timed(5), timed(6), timed(7)]}},
+            {"setting": "reuse", "records": {"uniform-c1": [timed(5.5), timed(6.5), timed(7.5)]}},
+        ],
+    }
+
+    text = report(results).split("The compressor stage's own time")[1]
+
+    assert "| uniform-c1 | all | reuse − today | +0.50 | [+0.50, +0.50] | 3 |" in text
