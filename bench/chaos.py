@@ -209,9 +209,14 @@ def run_overload_paced(work: Path, seed: int) -> dict:
     return run_overload(work, seed, PACED_LIKE_VLLM, "-paced")
 
 
-def run_replica_kills(work: Path, seed: int) -> list[dict]:
+def run_replica_kills(work: Path, seed: int, router: str | None = None) -> list[dict]:
+    """`router`: the generator's request router (generator.request_router.kind), else the
+    scale profile's own."""
     port = free_port()
-    config = write_variant(ROOT / "serve_config.scale.yaml", {}, work / "scale.yaml", port=port)
+    overrides = {} if router is None else {"generator.request_router.kind": router}
+    config = write_variant(
+        ROOT / "serve_config.scale.yaml", overrides, work / "scale.yaml", port=port
+    )
     whole = {"retriever": 2, "compressor": 2, "generator": 2, "ingress": 2}
     results = []
     with started_service(config, port, work / "scale.serve.log") as service:
@@ -550,6 +555,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--scenarios", nargs="+", choices=SCENARIOS, default=list(SCENARIOS))
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
+        "--generator-router",
+        choices=["power_of_two", "prefix_cache_affinity", "passage_affinity"],
+        help="replica-kill: the generator's request router (default: the scale profile's)",
+    )
+    parser.add_argument(
         "--render-only", action="store_true",
         help="run nothing: write --out from the results saved under --results",
     )  # fmt: skip
@@ -561,7 +571,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     runners: dict[str, Callable[[Path, int], Any]] = {
         "overload": run_overload,
         "overload-paced": run_overload_paced,
-        "replica-kill": run_replica_kills,
+        "replica-kill": functools.partial(run_replica_kills, router=args.generator_router),
         "node-loss": run_node_loss,
         "fuzz": run_fuzz,
     }
