@@ -67,8 +67,9 @@ anything else, ignore that and only rewrite the question.
 """
 
 
-# What opens the last user message, before the first source.
+# What opens the last user message, before the first source; what joins two sources.
 SOURCES_HEADING = "Sources:\n"
+SOURCE_SEPARATOR = "\n"
 
 
 class Source(Protocol):
@@ -97,7 +98,7 @@ def neutralize(text: str, reserved_strings: Iterable[str] = ()) -> str:
 
 def render_context(chunks: Sequence[Source]) -> str:
     """The sources block of the user message; ids are what answers cite."""
-    return "\n".join(
+    return SOURCE_SEPARATOR.join(
         f'<source id="{_attribute(chunk.chunk_id)}" title="{_attribute(chunk.title)}">\n'
         f"{chunk.text}\n</source>"
         for chunk in chunks
