@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -118,11 +118,26 @@ class BodySizeLimit:
         await self.app(scope, replay, send)
 
     async def _refuse(self, scope: Scope, send: Send) -> None:
-        body = json.dumps(self.render_error(scope)).encode()
-        headers = [(b"content-type", b"application/json"), (b"connection", b"close")]
-        headers.append((b"content-length", str(len(body)).encode()))
-        await send({"type": "http.response.start", "status": 413, "headers": headers})
-        await send({"type": "http.response.body", "body": body})
+        await send_unread_refusal(send, 413, self.render_error(scope))
+
+
+async def send_unread_refusal(
+    send: Send, status: int, error: dict, headers: Sequence[tuple[bytes, bytes]] = ()
+) -> None:
+    """Answer `status` with `error` as JSON, from middleware that has not read the body: with
+    `Connection: close`, so the server drops the connection rather than read the rest."""
+    body = json.dumps(error).encode()
+    await send({
+        "type": "http.response.start",
+        "status": status,
+        "headers": [
+            (b"content-type", b"application/json"),
+            (b"connection", b"close"),
+            (b"content-length", str(len(body)).encode()),
+            *headers,
+        ],
+    })  # fmt: skip
+    await send({"type": "http.response.body", "body": body})
 
 
 def content_length(scope: Scope) -> int | None:

@@ -162,8 +162,7 @@ def create_api(state: ApiState | None = None) -> FastAPI:
             budget=api.state.upload_budget,
             is_upload=is_upload,
             largest_upload_bytes=upload_limit,
-            render_error=lambda _: error_body(upload_budget_exceeded()),
-            retry_after_s=state.config.ingress.retry_after_s,
+            refusal=upload_budget_exceeded(state.config.ingress.retry_after_s),
         )
     api.add_middleware(RequestGuard)
     if state is not None:

@@ -78,14 +78,14 @@ def rate_limited(retry_after_s: float) -> ApiError:
     )
 
 
-def upload_budget_exceeded() -> ApiError:
-    """An upload that would take this caller, or all callers, past their bytes in flight
-    (the 429's Retry-After is set by the gate)."""
+def upload_budget_exceeded(retry_after_s: float) -> ApiError:
+    """An upload that would take this caller, or all callers, past their bytes in flight."""
     return ApiError(
         429,
         "too many upload bytes in flight: wait for your earlier uploads to be accepted, then retry",
         "rate_limit_error",
         code="upload_budget_exceeded",
+        headers=_retry_after(retry_after_s),
     )
 
 

@@ -11,12 +11,12 @@ It runs after the request guard, so a caller without a valid key never reserves 
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from app.admission import content_length
+from app.admission import content_length, send_unread_refusal
+from app.errors import ApiError, error_body
 
 
 class UploadBudget:
@@ -57,7 +57,7 @@ class UploadBudget:
 class UploadBudgetGate:
     """ASGI middleware: requests `is_upload(scope)` picks reserve their body's bytes in
     `budget` for the request's caller (`scope["state"]["caller"]`, set by the request guard)
-    while they run; `render_error(scope)` gives the JSON body of a refusal."""
+    while they run; one that does not fit is answered with `refusal`, unread."""
 
     def __init__(
         self,
@@ -65,43 +65,33 @@ class UploadBudgetGate:
         budget: UploadBudget,
         is_upload: Callable[[Scope], bool],
         largest_upload_bytes: int,
-        render_error: Callable[[Scope], dict],
-        retry_after_s: float = 1.0,
+        refusal: ApiError,
     ) -> None:
         self.app = app
         self.budget = budget
         self.is_upload = is_upload
         self.largest_upload_bytes = largest_upload_bytes
-        self.render_error = render_error
-        self.retry_after_s = retry_after_s
+        self.refusal = refusal
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or not self.is_upload(scope):
             await self.app(scope, receive, send)
             return
         declared = content_length(scope)
-        # A larger declared body is refused by the size limit after this, unread.
-        nbytes = min(declared, self.largest_upload_bytes) if declared is not None else None
-        nbytes = self.largest_upload_bytes if nbytes is None else nbytes
+        # A chunked body may grow to the largest upload; a larger declared one is refused by
+        # the size limit after this, unread.
+        largest = self.largest_upload_bytes
+        nbytes = largest if declared is None else min(declared, largest)
         caller = caller_of(scope)
         if not self.budget.reserve(caller, nbytes):
-            await self._refuse(scope, send)
+            refusal = self.refusal
+            headers = [(k.lower().encode(), v.encode()) for k, v in refusal.headers.items()]
+            await send_unread_refusal(send, refusal.status, error_body(refusal), headers)
             return
         try:
             await self.app(scope, receive, send)
         finally:
             self.budget.release(caller, nbytes)
-
-    async def _refuse(self, scope: Scope, send: Send) -> None:
-        body = json.dumps(self.render_error(scope)).encode()
-        headers = [
-            (b"content-type", b"application/json"),
-            (b"content-length", str(len(body)).encode()),
-            (b"retry-after", str(max(1, round(self.retry_after_s))).encode()),
-            (b"connection", b"close"),
-        ]
-        await send({"type": "http.response.start", "status": 429, "headers": headers})
-        await send({"type": "http.response.body", "body": body})
 
 
 def caller_of(scope: Scope) -> str:

@@ -10,6 +10,7 @@ import httpx
 import pytest
 from starlette.types import Receive, Scope, Send
 
+from app.errors import upload_budget_exceeded
 from app.upload_budget import UploadBudget, UploadBudgetGate, caller_of
 
 # --- the budget ------------------------------------------------------------------------------
@@ -75,8 +76,7 @@ def gate(app: HeldUploads, budget: UploadBudget, largest: int = 1000) -> UploadB
         budget,
         is_upload=lambda scope: scope["path"] == "/upload",
         largest_upload_bytes=largest,
-        render_error=lambda _: {"error": {"code": "upload_budget_exceeded"}},
-        retry_after_s=2,
+        refusal=upload_budget_exceeded(2),
     )
 
 
@@ -150,7 +150,7 @@ def test_a_failing_upload_still_releases_its_bytes():
         budget,
         is_upload=lambda scope: True,
         largest_upload_bytes=1000,
-        render_error=lambda _: {},
+        refusal=upload_budget_exceeded(1),
     )
     scope = {"type": "http", "path": "/upload", "headers": [(b"content-length", b"10")]}
 
