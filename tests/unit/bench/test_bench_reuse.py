@@ -118,17 +118,27 @@ def record(ttft: float, cached: int = 128, ok: bool = True, passages: int | None
     }
 
 
-def test_the_report_gives_each_parts_cached_share_where_the_records_split_it():
-    items = [{"question_id": "q0", "question": "?", "paragraph_id": "p0", "warm": False}]
-    results = {
+def saved(phase: str, items: list[dict], runs: list[dict]) -> dict:
+    """A results.json of one phase (its concurrency from its name) and `runs`."""
+    concurrency = int(phase.rsplit("-c", 1)[1])
+    return {
         "command": "python -m bench.reuse",
         "machine": "test CPU",
-        "phases": [{"name": "uniform-c1", "concurrency": 1, "items": items}],
-        "runs": [
+        "phases": [{"name": phase, "concurrency": concurrency, "items": items}],
+        "runs": runs,
+    }
+
+
+def test_the_report_gives_each_parts_cached_share_where_the_records_split_it():
+    items = [{"question_id": "q0", "question": "?", "paragraph_id": "p0", "warm": False}]
+    results = saved(
+        "uniform-c1",
+        items,
+        [
             {"setting": "today-b32", "records": {"uniform-c1": [record(90, 320, passages=64)]}},
             {"setting": "today-b128", "records": {"uniform-c1": [record(100, 256)]}},
         ],
-    }
+    )
 
     text = report(results)
 
@@ -144,18 +154,17 @@ def test_the_report_splits_cold_and_warm_and_pairs_the_settings():
         {"question_id": "q1", "question": "?", "paragraph_id": "p0", "warm": True},
         {"question_id": "q2", "question": "?", "paragraph_id": "p0", "warm": True},
     ]
-    results = {
-        "command": "python -m bench.reuse",
-        "machine": "test CPU",
-        "phases": [{"name": "skewed-c1", "concurrency": 1, "items": items}],
-        "runs": [
+    results = saved(
+        "skewed-c1",
+        items,
+        [
             {"setting": "today", "records": {"skewed-c1": [record(100), record(100), record(90)]}},
             {
                 "setting": "reuse",
                 "records": {"skewed-c1": [record(100), record(50, 384), record(45)]},
             },
         ],
-    }
+    )
 
     text = report(results)
 
@@ -198,12 +207,7 @@ def test_the_report_shows_each_replicas_share_where_there_were_two():
             ("today", {"a": 4}),
         )
     ]
-    results = {
-        "command": "python -m bench.reuse",
-        "machine": "test CPU",
-        "phases": [{"name": "skewed-c4", "concurrency": 4, "items": items}],
-        "runs": runs,
-    }
+    results = saved("skewed-c4", items, runs)
 
     text = report(results).split("Generator calls per replica")[1]
 
@@ -237,15 +241,14 @@ def test_the_report_pairs_the_compressor_stages_own_time():
     def timed(compress_ms: float) -> dict:
         return {**record(100), "server_timings_ms": {"compress": compress_ms}}
 
-    results = {
-        "command": "python -m bench.reuse",
-        "machine": "test CPU",
-        "phases": [{"name": "uniform-c1", "concurrency": 1, "items": items}],
-        "runs": [
+    results = saved(
+        "uniform-c1",
+        items,
+        [
             {"setting": "today", "records": {"uniform-c1": [timed(5), timed(6), timed(7)]}},
             {"setting": "reuse", "records": {"uniform-c1": [timed(5.5), timed(6.5), timed(7.5)]}},
         ],
-    }
+    )
 
     text = report(results).split("The compressor stage's own time")[1]
 
