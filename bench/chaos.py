@@ -365,13 +365,16 @@ def _st_summary(stdout: str) -> str:
 # --- report ------------------------------------------------------------------------------
 
 
-def markdown(results: dict[str, Any], command: str) -> str:
+def markdown(
+    results: dict[str, Any], command: str, records: str = "docs/results/reliability/"
+) -> str:
+    """The report; `records` names the folder the raw records were saved to."""
     out = [
         "# Reliability: overload, replica and engine deaths, node loss, fuzzing",
         "",
         f"Measured with `{command}` on {results['date']} ({results['machine']})"
         + _earlier(results.get("earlier", {}))
-        + ". Raw records are in docs/results/reliability/. Outcomes: "
+        + f". Raw records are in {records}. Outcomes: "
         "*succeeded*; *refused* = 429/503 with Retry-After before any answer; *interrupted* "
         "= a final stream error event after a stage died mid-answer; *failed* = anything "
         "else (a 500, a 503 without Retry-After, a broken stream); *hung* = no answer "
@@ -595,7 +598,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     results |= {name: result for name, (result, _) in earlier.items()}
     results["earlier"] = {name: measured for name, (_, measured) in earlier.items()}
     command = "python -m bench.chaos " + " ".join(argv or sys.argv[1:])
-    args.out.write_text(markdown(results, command.strip()))
+    records = args.results.resolve()
+    shown = records.relative_to(ROOT) if records.is_relative_to(ROOT) else records
+    args.out.write_text(markdown(results, command.strip(), f"{shown}/"))
     print(f"wrote {args.out}")
     return 0
 

@@ -415,3 +415,10 @@ def test_wait_replicas_outlives_an_unreachable_service(clock, reused_client):
         port = sock.getsockname()[1]
     assert chaos.wait_replicas(f"http://127.0.0.1:{port}", {"retriever": 1}, 2) is None
     assert clock.now == 2.0
+
+
+def test_the_report_names_the_folder_its_records_were_saved_to():
+    text = chaos.markdown(results(), "cmd", "docs/results/reliability-passage-router/")
+
+    assert "Raw records are in docs/results/reliability-passage-router/." in text
+    assert "Raw records are in docs/results/reliability/." in chaos.markdown(results(), "cmd")
