@@ -10,6 +10,7 @@ from urllib.parse import urlsplit
 
 from pydantic import Field, model_validator
 
+from generation.checkpoints import dtype_problem
 from pipeline.config_base import ReplicaConfig, StrictModel
 
 
@@ -176,6 +177,10 @@ class GeneratorConfig(StrictModel):
             )
         if "max_model_len" in self.engine_kwargs:
             raise ValueError("set generator.max_model_len, not engine_kwargs.max_model_len")
+        if self.engine == "vllm":
+            problem = dtype_problem(self.model_source, self.engine_kwargs.get("dtype"))
+            if problem:
+                raise ValueError(problem)
         if self.max_tokens_limit >= self.max_model_len:
             raise ValueError("max_tokens_limit must be smaller than max_model_len")
         if self.default_max_tokens > self.max_tokens_limit:
