@@ -17,7 +17,7 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export RAY_USAGE_STATS_ENABLED := 0
 
-.PHONY: setup install models models-qwen models-qwen15 index browser prometheus monitor dashboard kuberay-manifest advise gpu-costs gpu-smoke run test lint unit integration reliability chaos bench bench-reuse bench-prefix bench-speculative bench-quick eval eval-quick eval-chat stop clean
+.PHONY: setup install models models-qwen models-qwen15 models-quantized bench-quantization index browser prometheus monitor dashboard kuberay-manifest advise gpu-costs gpu-smoke run test lint unit integration reliability chaos bench bench-reuse bench-prefix bench-speculative bench-quick eval eval-quick eval-chat stop clean
 
 setup: install models index
 
@@ -48,6 +48,27 @@ models-qwen: $(MODELS)
 # GGUF, sha256-checked, converted once): the target of the 0.5B as a speculative draft.
 models-qwen15: $(MODELS)
 	$(BIN)/python -m scripts.prepare_models --output .models --tiktoken-cache .cache/tiktoken --with-qwen15
+
+# Quantized readers (INT8 W8A8 and INT4 W4A16 of both Qwens, about 45 minutes here), made
+# with llmcompressor (GPTQ) on this CPU from the prepared weights, calibrated on data/corpus.
+# llmcompressor pins a transformers and compressed-tensors that the serving lock cannot
+# have, so it gets its own environment (requirements/quantize.lock); vLLM in the serving
+# environment loads what it writes. bench.quantization measures them.
+QUANTIZE_VENV := .venv-quantize
+QUANTIZE_INSTALLED := $(QUANTIZE_VENV)/.installed
+QUANTIZED_READERS := qwen2.5-coder-0.5b-instruct qwen2.5-coder-1.5b-instruct
+
+$(QUANTIZE_INSTALLED): requirements/quantize.lock
+	test -d $(QUANTIZE_VENV) || $(PYTHON) -m venv $(QUANTIZE_VENV)
+	$(QUANTIZE_VENV)/bin/python -m pip install --quiet --no-deps -r requirements/quantize.lock
+	$(QUANTIZE_VENV)/bin/python -c "import llmcompressor"
+	touch $@
+
+models-quantized: models-qwen models-qwen15 $(QUANTIZE_INSTALLED)
+	set -e; for model in $(QUANTIZED_READERS); do for scheme in int4 int8; do \
+		$(QUANTIZE_VENV)/bin/python -m scripts.quantize_models --model .models/$$model \
+			--scheme $$scheme; \
+	done; done
 
 index: $(INDEX)
 
@@ -202,6 +223,23 @@ bench-speculative: setup models-qwen models-qwen15
 		--max-new-tokens 32 --out bench-results/speculative
 	$(BIN)/python -m bench.speculative report --out bench-results/speculative
 
+# Quantized readers against fp32 (docs/quantization.md): per reader, speed in blocks that
+# alternate (fp32, int8, int4, bf16, then back) at concurrency 1 and 8, then answers to 200
+# random SQuAD questions per variant (bf16 is a latency probe only); then the paired report.
+QUANTIZATION = VLLM_CPU_OMP_THREADS_BIND=0-1 $(BIN)/python -m bench.quantization
+QUANTIZATION_READERS ?= qwen1.5b qwen0.5b
+bench-quantization: setup models-quantized
+	$(BIN)/python -m bench.quality prepare
+	set -e; for reader in $(QUANTIZATION_READERS); do \
+		for variant in fp32 int8 int4 bf16; do \
+			$(QUANTIZATION) latency --reader $$reader --variant $$variant --block 0; done; \
+		for variant in bf16 int4 int8 fp32; do \
+			$(QUANTIZATION) latency --reader $$reader --variant $$variant --block 1; done; \
+		for variant in fp32 int8 int4; do \
+			$(QUANTIZATION) quality --reader $$reader --variant $$variant; done; \
+	done
+	$(QUANTIZATION) report
+
 # Quality lab, quick plan: SQuAD dev indexed once (about 4 minutes), 25 questions x 3 settings.
 eval-quick: setup
 	$(BIN)/python -m bench.quality prepare
@@ -241,4 +279,4 @@ stop:
 	-RAY_AUTH_MODE=token $(BIN)/serve shutdown -y
 
 clean: stop
-	rm -rf $(VENV) .models .cache indexes
+	rm -rf $(VENV) $(QUANTIZE_VENV) .models .cache indexes

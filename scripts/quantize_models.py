@@ -1,0 +1,178 @@
+"""Quantize a prepared reader into a checkpoint vLLM loads as is (compressed-tensors format).
+
+Run from the repository root with the quantization tool's own environment (llmcompressor pins
+a transformers and compressed-tensors that the serving lock does not have)::
+
+    .venv-quantize/bin/python -m scripts.quantize_models \\
+        --model .models/qwen2.5-coder-0.5b-instruct --scheme int4
+
+Schemes (llmcompressor recipes, one-shot, on this CPU):
+- ``int4``: W4A16, GPTQ, symmetric 4-bit weights in groups of ``--group-size`` (128), 16-bit
+  activations. vLLM's CPU build runs it with its WNA16 kernel.
+- ``int8``: W8A8, SmoothQuant then GPTQ: 8-bit weights per output channel, 8-bit activations
+  quantized per token at run time. vLLM's CPU build runs it with oneDNN's int8 GEMM.
+``lm_head`` stays in 16 bits in both (tied to the embeddings in the Qwen readers).
+
+The calibration set is the project's own corpus (``data/corpus``), never the evaluation
+questions: its documents' text, tokenized, cut into ``--samples`` windows of ``--seq-len``
+tokens taken in a seeded random order. The checkpoint is written to a temporary folder beside
+the output and renamed into place, with ``quantization.json`` saying what made it (source,
+scheme, calibration, library versions, seconds, bytes). A complete output is left alone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import random
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+CORPUS = Path("data/corpus")
+MANIFEST = "quantization.json"
+SCHEMES = ("int4", "int8")
+SUFFIX = {"int4": "w4a16", "int8": "w8a8"}
+
+
+@dataclass(frozen=True)
+class Calibration:
+    samples: int
+    seq_len: int
+    seed: int
+    corpus: str
+
+
+def output_for(model: Path, scheme: str) -> Path:
+    """Where `scheme`'s checkpoint of `model` goes: beside it, named by the scheme."""
+    return model.with_name(f"{model.name}-{SUFFIX[scheme]}")
+
+
+def corpus_texts(corpus: Path) -> list[str]:
+    """Every document of the corpus, in name order."""
+    files = sorted(p for p in corpus.rglob("*") if p.is_file() and p.suffix in (".md", ".txt"))
+    if not files:
+        raise SystemExit(f"no .md or .txt documents under {corpus}")
+    return [p.read_text(encoding="utf-8") for p in files]
+
+
+def windows(token_ids: Sequence[int], seq_len: int, samples: int, seed: int) -> list[list[int]]:
+    """`samples` windows of `seq_len` tokens cut end to end from the token stream, drawn in a
+    seeded random order; fewer when the stream is shorter than samples * seq_len."""
+    starts = list(range(0, len(token_ids) - seq_len + 1, seq_len))
+    random.Random(seed).shuffle(starts)
+    return [list(token_ids[s : s + seq_len]) for s in starts[:samples]]
+
+
+def recipe(scheme: str, group_size: int) -> list[Any]:
+    from llmcompressor.modifiers.gptq import GPTQModifier
+    from llmcompressor.modifiers.smoothquant import SmoothQuantModifier
+
+    if scheme == "int8":
+        return [
+            SmoothQuantModifier(smoothing_strength=0.8),
+            GPTQModifier(targets="Linear", scheme="W8A8", ignore=["lm_head"]),
+        ]
+    weights = {"num_bits": 4, "type": "int", "symmetric": True, "strategy": "group",
+               "group_size": group_size}  # fmt: skip
+    groups = {"group_0": {"targets": ["Linear"], "weights": weights}}
+    return [GPTQModifier(config_groups=groups, ignore=["lm_head"])]
+
+
+def _versions() -> dict[str, str]:
+    names = ("llmcompressor", "compressed-tensors", "transformers", "torch")
+    return {name: metadata.version(name) for name in names}
+
+
+def _size(folder: Path) -> int:
+    return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
+
+
+def is_complete(folder: Path) -> bool:
+    return (folder / MANIFEST).is_file() and (folder / "config.json").is_file()
+
+
+def quantize(model: Path, scheme: str, output: Path, calibration: Calibration,
+             group_size: int) -> dict[str, Any]:  # fmt: skip
+    import torch
+    from datasets import Dataset
+    from llmcompressor import oneshot
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    torch.manual_seed(calibration.seed)
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    stream: list[int] = []
+    for text in corpus_texts(Path(calibration.corpus)):
+        stream += tokenizer(text, add_special_tokens=False).input_ids
+    rows = windows(stream, calibration.seq_len, calibration.samples, calibration.seed)
+    logger.info("calibration: %d windows of %d tokens from %d corpus tokens", len(rows),
+                calibration.seq_len, len(stream))  # fmt: skip
+    dataset = Dataset.from_dict({"input_ids": rows, "attention_mask": [[1] * len(r) for r in rows]})
+    loaded = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32)
+    started = time.perf_counter()
+    oneshot(model=loaded, dataset=dataset, recipe=recipe(scheme, group_size),
+            max_seq_length=calibration.seq_len, num_calibration_samples=len(rows))  # fmt: skip
+    seconds = time.perf_counter() - started
+    output.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{output.name}-", dir=output.parent))
+    try:
+        loaded.save_pretrained(tmp, save_compressed=True)
+        tokenizer.save_pretrained(tmp)
+        for extra in ("chat_template.jinja", "generation_config.json"):
+            if (model / extra).is_file() and not (tmp / extra).exists():
+                shutil.copy2(model / extra, tmp / extra)
+        manifest = {
+            "source": str(model), "scheme": scheme, "group_size": group_size if scheme == "int4"
+            else None, "calibration": asdict(calibration) | {"windows": len(rows)},
+            "quantize_seconds": round(seconds, 1), "bytes": _size(tmp),
+            "source_bytes": _size(model), "versions": _versions(),
+        }  # fmt: skip
+        (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+        os.chmod(tmp, 0o755)
+        if output.exists():
+            shutil.rmtree(output)
+        tmp.rename(output)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return manifest
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", type=Path, required=True, help="a prepared model folder")
+    parser.add_argument("--scheme", choices=SCHEMES, required=True)
+    parser.add_argument("--output", type=Path, help="default: beside --model, named by scheme")
+    parser.add_argument("--samples", type=int, default=32, help="calibration windows")
+    parser.add_argument("--seq-len", type=int, default=512, help="tokens per window")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--group-size", type=int, default=128, help="int4 weight group")
+    parser.add_argument("--corpus", type=Path, default=CORPUS)
+    parser.add_argument("--force", action="store_true", help="redo a complete output")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    output = args.output or output_for(args.model, args.scheme)
+    if is_complete(output) and not args.force:
+        logger.info("%s is complete: left alone", output)
+        return 0
+    if not (args.model / "config.json").is_file():
+        raise SystemExit(f"{args.model} is not a prepared model folder (no config.json)")
+    calibration = Calibration(args.samples, args.seq_len, args.seed, str(args.corpus))
+    manifest = quantize(args.model, args.scheme, output, calibration, args.group_size)
+    logger.info("wrote %s: %.0f MB (source %.0f MB) in %.0f s", output, manifest["bytes"] / 1e6,
+                manifest["source_bytes"] / 1e6, manifest["quantize_seconds"])  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
