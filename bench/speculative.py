@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import stats
+from bench.engine_runs import measure_point, service_messages
 from bench.outputs import positive_int, write_json_and_markdown
 from bench.questions import DEFAULT_QUESTIONS
 
@@ -108,16 +109,10 @@ def point_summary(rows: Sequence[dict[str, Any]], wall_s: float) -> dict[str, An
 def build_prompts(
     questions: Sequence[str], top_k: int, index: Path = QUESTION_SETS["default"]
 ) -> list[list[dict[str, str]]]:
-    """Chat messages as the service builds them: retrieval from `index`."""
-    from prepare.prompt import DEFAULT_SYSTEM_PROMPT, build_messages
-    from retrieval.models import DEFAULT_EMBEDDING_MODEL, resolve_model_reference
-    from retrieval.retriever import Retriever
+    """Chat messages as the service builds them, in the default answer style."""
+    from prepare.prompt import DEFAULT_SYSTEM_PROMPT
 
-    retriever = Retriever.load(index, resolve_model_reference(DEFAULT_EMBEDDING_MODEL))
-    return [
-        build_messages(DEFAULT_SYSTEM_PROMPT, retriever.retrieve(q, top_k).chunks, q)
-        for q in questions
-    ]
+    return service_messages(questions, top_k, index, DEFAULT_SYSTEM_PROMPT)
 
 
 def run_hf(args: argparse.Namespace) -> dict[str, Any]:
@@ -208,31 +203,6 @@ def _encode(tokenizer: Any, messages: list[dict[str, str]]) -> Any:
     return tokenizer(text, return_tensors="pt").input_ids
 
 
-async def _vllm_point(engine: Any, prompts: list[str], concurrency: int, max_tokens: int) -> Any:
-    import asyncio
-    import uuid
-
-    from vllm import SamplingParams
-
-    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=False)
-    gate = asyncio.Semaphore(concurrency)
-
-    async def one(prompt: str) -> dict[str, Any]:
-        async with gate:
-            start, first, ids = time.perf_counter(), None, []
-            async for out in engine.generate(prompt, params, str(uuid.uuid4())):
-                first = first or time.perf_counter()
-                ids = list(out.outputs[0].token_ids)
-            end = time.perf_counter()
-        ttft_ms, e2e_ms = ((first or end) - start) * 1000, (end - start) * 1000
-        return {"ttft_ms": ttft_ms, "e2e_ms": e2e_ms, "tokens": len(ids),
-                "tpot_ms": stats.tpot(ttft_ms, e2e_ms, len(ids)), "token_ids": ids}  # fmt: skip
-
-    start = time.perf_counter()
-    rows = await asyncio.gather(*(one(p) for p in prompts))
-    return list(rows), time.perf_counter() - start
-
-
 def _spec_counters() -> dict[str, float]:
     from vllm.v1.metrics.reader import Counter, get_metrics_snapshot
 
@@ -271,11 +241,13 @@ def run_vllm(args: argparse.Namespace) -> dict[str, Any]:
     start_s = time.perf_counter() - started
 
     async def measure() -> list[dict[str, Any]]:  # one event loop: the engine is bound to it
-        await _vllm_point(engine, prompts[:1], 1, 8)  # warm-up
+        await measure_point(engine, prompts[:1], 1, 8)  # warm-up
         points = []
         for concurrency, n in ((1, args.n), (8, args.n8)):
             before = _spec_counters()
-            rows, wall_s = await _vllm_point(engine, prompts[:n], concurrency, args.max_new_tokens)
+            rows, wall_s = await measure_point(
+                engine, prompts[:n], concurrency, args.max_new_tokens
+            )
             after = _spec_counters()
             delta = {k: after[k] - before.get(k, 0.0) for k in after}
             points.append(

@@ -1,0 +1,73 @@
+"""Driving one vLLM engine in-process for the labs that compare engines, not services.
+
+The prompts are the service's (a question, its retrieved chunks, the static system prompt,
+the chat template), so a reader's speed and answers here are what the service would see
+without its other stages. One engine per process: the labs alternate processes to keep
+drift out of their comparisons.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from bench import stats
+
+
+def service_messages(
+    questions: Sequence[str], top_k: int, index: Path, system_prompt: str
+) -> list[list[dict[str, str]]]:
+    """Chat messages as the service builds them, the chunks retrieved from `index`."""
+    from prepare.prompt import build_messages
+    from retrieval.models import DEFAULT_EMBEDDING_MODEL, resolve_model_reference
+    from retrieval.retriever import Retriever
+
+    retriever = Retriever.load(index, resolve_model_reference(DEFAULT_EMBEDDING_MODEL))
+    return [
+        build_messages(system_prompt, retriever.retrieve(q, top_k).chunks, q) for q in questions
+    ]
+
+
+async def measure_point(
+    engine: Any, prompts: Sequence[str], concurrency: int, max_tokens: int,
+    ignore_eos: bool = False,
+) -> tuple[list[dict[str, Any]], float]:  # fmt: skip
+    """Every prompt once, at most `concurrency` at a time, greedy: per request its TTFT,
+    E2E, TPOT, output token ids and text; and the point's wall time in seconds."""
+    from vllm import SamplingParams
+
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=ignore_eos)
+    gate = asyncio.Semaphore(concurrency)
+
+    async def one(prompt: str) -> dict[str, Any]:
+        async with gate:
+            start, first, ids, text = time.perf_counter(), None, [], ""
+            async for out in engine.generate(prompt, params, str(uuid.uuid4())):
+                first = first or time.perf_counter()
+                ids, text = list(out.outputs[0].token_ids), out.outputs[0].text
+            end = time.perf_counter()
+        ttft_ms, e2e_ms = ((first or end) - start) * 1000, (end - start) * 1000
+        return {"ttft_ms": ttft_ms, "e2e_ms": e2e_ms, "tokens": len(ids),
+                "tpot_ms": stats.tpot(ttft_ms, e2e_ms, len(ids)), "token_ids": ids,
+                "text": text}  # fmt: skip
+
+    start = time.perf_counter()
+    rows = await asyncio.gather(*(one(p) for p in prompts))
+    return list(rows), time.perf_counter() - start
+
+
+def engine_rss_bytes() -> int:
+    """Resident memory of this process's children (vLLM's engine core and its worker)."""
+    import psutil
+
+    total = 0
+    for child in psutil.Process().children(recursive=True):
+        try:
+            total += child.memory_info().rss
+        except psutil.Error:
+            continue
+    return total

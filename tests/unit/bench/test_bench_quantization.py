@@ -1,0 +1,79 @@
+"""bench.quantization, the pure parts: checkpoints by variant, scoring, and the report's
+pairing of each variant with fp32 (by prompt within a block for speed, by SQuAD id for
+answers)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bench import quantization as q
+
+
+def _latency(variant: str, block: int, ttft: list[float], tpot: list[float]) -> dict[str, Any]:
+    rows = [{"ttft_ms": a, "tpot_ms": b} for a, b in zip(ttft, tpot, strict=True)]
+    return {
+        "step": "latency", "reader": "qwen0.5b", "variant": variant, "weights": "w",
+        "dtype": "float32", "checkpoint_bytes": 1_000_000, "cpu": "cpu", "engine_start_s": 20.0,
+        "engine_rss_bytes_loaded": 2_000_000, "config": {"style": "short", "block": block},
+        "points": [{"concurrency": 1, "rows": rows, "wall_s": 1.0},
+                   {"concurrency": 8, "rows": rows, "wall_s": 1.0}],
+    }  # fmt: skip
+
+
+def _quality(variant: str, f1: dict[str, float]) -> dict[str, Any]:
+    rows = [{"id": i, "f1": v, "em": float(v == 1.0), "contains_gold": v, "gold_in_context": 1.0,
+             "ttft_ms": 10.0, "tpot_ms": 5.0} for i, v in f1.items()]  # fmt: skip
+    doc = _latency(variant, 0, [], [])
+    return doc | {"step": "quality", "points": [{"concurrency": 8, "rows": rows, "wall_s": 1.0}]}
+
+
+def test_checkpoints_sit_beside_the_reader_named_by_scheme() -> None:
+    assert q.checkpoint("qwen1.5b", "fp32") == Path(".models/qwen2.5-coder-1.5b-instruct")
+    assert q.checkpoint("qwen1.5b", "bf16") == q.checkpoint("qwen1.5b", "fp32")
+    assert q.checkpoint("qwen0.5b", "int4").name == "qwen2.5-coder-0.5b-instruct-w4a16"
+    assert q.checkpoint("qwen0.5b", "int8").name == "qwen2.5-coder-0.5b-instruct-w8a8"
+    assert q.VARIANTS["int4"].dtype == "bfloat16"  # the CPU WNA16 kernel has no fp32 path
+
+
+def test_score_counts_the_gold_in_the_answer_and_in_the_context() -> None:
+    s = q.score("It was Denver Broncos.", ["Denver Broncos"], "The Denver Broncos won.")
+    assert s["contains_gold"] == 1.0 and s["gold_in_context"] == 1.0
+    assert s["em"] == 0.0 and 0.0 < s["f1"] < 1.0
+    assert q.score("no idea", ["Denver"], "nothing")["contains_gold"] == 0.0
+
+
+def test_latency_pairs_match_prompts_within_blocks_both_variants_ran() -> None:
+    runs = [_latency("fp32", 0, [100, 200], [10, 20]), _latency("int4", 0, [150, 300], [5, 10]),
+            _latency("int4", 1, [1, 1], [1, 1])]  # fmt: skip
+    base = q.joined_latency(runs, "qwen0.5b", "fp32", "short", 1)
+    other = q.joined_latency(runs, "qwen0.5b", "int4", "short", 1)
+    assert q.latency_pairs(base, other, "tpot_ms") == [(5, 10), (10, 20)]  # block 1 unpaired
+
+
+def test_summary_gives_ratios_and_paired_score_differences_against_fp32() -> None:
+    ids = {f"id{i}": 1.0 if i % 2 else 0.5 for i in range(20)}
+    worse = {k: v - 0.25 for k, v in ids.items()}
+    runs = [_latency("fp32", 0, [100.0] * 10, [20.0] * 10),
+            _latency("int4", 0, [110.0] * 10, [10.0] * 10),
+            _quality("fp32", ids), _quality("int4", worse)]  # fmt: skip
+    entries = {e["variant"]: e for e in q.summarize(runs)}
+    assert list(entries) == ["fp32", "int4"]
+    tpot = entries["int4"]["c1"]["tpot_vs_fp32"]
+    assert tpot["estimate"] == pytest.approx(0.5)
+    assert entries["int4"]["c1"]["ttft_vs_fp32"]["estimate"] == pytest.approx(1.1)
+    f1 = entries["int4"]["quality"]["f1_vs_fp32"]
+    assert f1["estimate"] == pytest.approx(-0.25) and f1["n"] == 20
+    assert "f1_vs_fp32" not in entries["fp32"]["quality"]
+    text = q.markdown(list(entries.values()), "python -m bench.quantization report")
+    assert "0.50x [0.50, 0.50]" in text and "-0.250" in text and q.CAVEAT in text
+
+
+def test_run_files_name_step_reader_variant_style_and_block() -> None:
+    assert q.run_file("latency", "qwen1.5b", "int4", "short", 1) == (
+        "latency-qwen1.5b-int4-short-b1.json")  # fmt: skip
+    assert (
+        q.run_file("quality", "qwen1.5b", "int4", "short", 0) == "quality-qwen1.5b-int4-short.json"
+    )
