@@ -214,9 +214,23 @@ def _utc_now() -> str:
 # ---------------------------------------------------------------- report
 
 
+# What must match for runs of one step to be paired (the prompts and the work per prompt).
+PAIRED_SETTINGS = {
+    "latency": ("seed", "top_k", "n1", "n8", "max_new_tokens"),
+    "quality": ("seed", "top_k", "questions", "max_new_tokens"),
+}
+
+
 def load_runs(out: Path) -> list[dict[str, Any]]:
-    return [json.loads(p.read_text()) for p in sorted(out.glob("*.json"))
+    """Every saved run in `out`; a folder whose runs of one step differ in a paired
+    setting is refused: give each set of settings its own --out."""
+    runs = [json.loads(p.read_text()) for p in sorted(out.glob("*.json"))
             if p.name.startswith(("latency-", "quality-"))]  # fmt: skip
+    for step, keys in PAIRED_SETTINGS.items():
+        seen = {tuple(r["config"].get(k) for k in keys) for r in runs if r["step"] == step}
+        if len(seen) > 1:
+            raise SystemExit(f"{out} holds {step} runs of different {keys}: {sorted(seen)}")
+    return runs
 
 
 def joined_latency(runs: Sequence[dict[str, Any]], reader: str, variant: str, style: str,
@@ -343,8 +357,8 @@ def markdown(entries: Sequence[dict[str, Any]], command: str) -> str:
     lines += ["", "Ratios are variant / fp32 per prompt (median, paired bootstrap 95% CI); "
               "below 1 is faster.", "", "## Answers (SQuAD dev, concurrency 8, greedy)", "",
               "| reader | style | variant | n | F1 | EM | contains gold | gold in context | "
-              "F1 vs fp32 | EM vs fp32 | contains gold vs fp32 | TTFT p50 ms | TPOT p50 ms |",
-              "|" + "---|" * 13]  # fmt: skip
+              "F1 vs fp32 | EM vs fp32 | contains gold vs fp32 |",
+              "|" + "---|" * 11]  # fmt: skip
     for e in entries:
         q = e.get("quality")
         if not q:
@@ -357,8 +371,8 @@ def markdown(entries: Sequence[dict[str, Any]], command: str) -> str:
             f"{stats.format_ms(q['ttft_ms_p50_c8'])} | {stats.format_ms(q['tpot_ms_p50_c8'])} |"
         )
     lines += ["", "Scores are means with a bootstrap 95% CI; differences are variant - fp32 per "
-              "question (paired). TTFT and TPOT here are under the concurrency-8 answering "
-              "load, answers of their natural length."]  # fmt: skip
+              "question (paired). Speed comes from the table above only: the answering runs "
+              "keep their timings in their records, but they may overlap other work."]  # fmt: skip
     return "\n".join(lines) + "\n"
 
 
@@ -384,7 +398,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     args.argv = argv if argv is not None else sys.argv[1:]
     if args.max_new_tokens is None:
-        args.max_new_tokens = 128 if args.step == "quality" and args.style == "explained" else 32
+        quality = {"short": 64, "explained": 128}[args.style]
+        args.max_new_tokens = quality if args.step == "quality" else 32
     if args.step == "report":
         entries = summarize(load_runs(args.out))
         command = "python -m bench.quantization " + " ".join(args.argv)

@@ -89,6 +89,12 @@ def recipe(scheme: str, group_size: int) -> list[Any]:
     return [GPTQModifier(config_groups=groups, ignore=["lm_head"])]
 
 
+def source_dtype(model: Path) -> str:
+    """The dtype the prepared model's weights are stored in (its config.json)."""
+    config = json.loads((model / "config.json").read_text())
+    return str(config.get("dtype") or config.get("torch_dtype") or "float32")
+
+
 def _versions() -> dict[str, str]:
     names = ("llmcompressor", "compressed-tensors", "transformers", "torch")
     return {name: metadata.version(name) for name in names}
@@ -123,6 +129,15 @@ def quantize(model: Path, scheme: str, output: Path, calibration: Calibration,
     oneshot(model=loaded, dataset=dataset, recipe=recipe(scheme, group_size),
             max_seq_length=calibration.seq_len, num_calibration_samples=len(rows))  # fmt: skip
     seconds = time.perf_counter() - started
+    # The tables left unquantized (embeddings, LM head) go back to the source's width:
+    # they came from it, so this is exact, and it keeps them from doubling on disk.
+    width = getattr(torch, source_dtype(model))
+    for table in {
+        id(t): t
+        for t in (loaded.get_input_embeddings(), loaded.get_output_embeddings())
+        if t is not None
+    }.values():
+        table.to(width)
     output.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{output.name}-", dir=output.parent))
     try:

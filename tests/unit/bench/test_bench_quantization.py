@@ -77,3 +77,16 @@ def test_run_files_name_step_reader_variant_style_and_block() -> None:
     assert (
         q.run_file("quality", "qwen1.5b", "int4", "short", 0) == "quality-qwen1.5b-int4-short.json"
     )
+
+
+def test_a_folder_mixing_settings_is_refused(tmp_path: Path) -> None:
+    import json
+
+    for name, tokens in (("quality-a.json", 32), ("quality-b.json", 64)):
+        run = _quality("fp32", {"x": 1.0})
+        run["config"] |= {"seed": 0, "top_k": 5, "questions": 1, "max_new_tokens": tokens}
+        (tmp_path / name).write_text(json.dumps(run))
+    with pytest.raises(SystemExit, match="different"):
+        q.load_runs(tmp_path)
+    (tmp_path / "quality-b.json").unlink()
+    assert len(q.load_runs(tmp_path)) == 1
