@@ -56,6 +56,7 @@ SQUAD_PATH = Path(".cache/squad/squad-v1.1-dev.json")
 SQUAD_INDEX = Path("indexes/squad-dev")
 OUT = Path("docs/results/quantization")
 BASELINE = "fp32"
+SAVE_EVERY = 40  # quality prompts between saves
 CAVEAT = (
     "Every reader here was prepared by dequantising a 4-bit GGUF (Q4_K_M for the Qwens, Q4_1 "
     "for SmolLM2): the fp32 baseline already carries 4-bit rounding, so the loss measured for a "
@@ -177,12 +178,21 @@ def _run(args: argparse.Namespace, step: str) -> dict[str, Any]:
                 print(f"{args.reader} {args.variant} C={concurrency}: {wall_s:.0f} s",
                       file=sys.stderr)  # fmt: skip
             return
-        rows, wall_s = await measure_point(engine, prompts, 8, args.max_new_tokens)
-        for row, q, m in zip(rows, questions, messages, strict=True):
-            row.update(id=q.question_id, question=q.question,
-                       **score(row["text"], q.gold_answers, m[-1]["content"]))  # fmt: skip
-            del row["token_ids"]
-        doc["points"].append({"concurrency": 8, "rows": rows, "wall_s": wall_s})
+        point: dict[str, Any] = {"concurrency": 8, "rows": [], "wall_s": 0.0}
+        doc["points"].append(point)
+        for start in range(0, len(prompts), SAVE_EVERY):  # saved as it goes: a stopped
+            end = start + SAVE_EVERY  # run keeps what it answered
+            rows, wall_s = await measure_point(engine, prompts[start:end], 8,
+                                               args.max_new_tokens)  # fmt: skip
+            for row, q, m in zip(rows, questions[start:end], messages[start:end], strict=True):
+                row.update(id=q.question_id, question=q.question,
+                           **score(row["text"], q.gold_answers, m[-1]["content"]))  # fmt: skip
+                del row["token_ids"]
+            point["rows"] += rows
+            point["wall_s"] += wall_s
+            _save(args.out, doc)
+            print(f"{args.reader} {args.variant}: {len(point['rows'])}/{len(prompts)} answered",
+                  file=sys.stderr)  # fmt: skip
 
     try:
         asyncio.run(measure())
