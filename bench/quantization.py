@@ -56,6 +56,7 @@ SQUAD_PATH = Path(".cache/squad/squad-v1.1-dev.json")
 SQUAD_INDEX = Path("indexes/squad-dev")
 OUT = Path("docs/results/quantization")
 BASELINE = "fp32"
+REFERENCES = ("fp32", "bf16")  # latency ratios are given against each
 SAVE_EVERY = 40  # quality prompts between saves
 CAVEAT = (
     "Every reader here was prepared by dequantising a 4-bit GGUF (Q4_K_M for the Qwens, Q4_1 "
@@ -291,17 +292,18 @@ def summarize(runs: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         for c in (1, 8):
             rows = [row for rows in joined_latency(runs, reader, variant, style, c).values()
                     for row in rows]  # fmt: skip
-            base = joined_latency(runs, reader, BASELINE, style, c)
             own = joined_latency(runs, reader, variant, style, c)
             entry[f"c{c}"] = {
                 "n": len(rows),
                 "ttft_ms_p50": stats.median(r["ttft_ms"] for r in rows),
                 "tpot_ms_p50": stats.median(r["tpot_ms"] for r in rows),
-                "ttft_vs_fp32": stats.interval_dict(
-                    stats.paired_ratio(latency_pairs(base, own, "ttft_ms"))),
-                "tpot_vs_fp32": stats.interval_dict(
-                    stats.paired_ratio(latency_pairs(base, own, "tpot_ms"))),
-            }  # fmt: skip
+            }
+            for reference in REFERENCES:  # fp32: the service's dtype; bf16: int4's
+                base = joined_latency(runs, reader, reference, style, c)
+                for key in ("ttft", "tpot"):
+                    ratio = None if variant == reference else stats.paired_ratio(
+                        latency_pairs(base, own, f"{key}_ms"))  # fmt: skip
+                    entry[f"c{c}"][f"{key}_vs_{reference}"] = stats.interval_dict(ratio)
         quality = [r for r in mine if r["step"] == "quality"]
         base_q = [
             r
@@ -351,8 +353,8 @@ def markdown(entries: Sequence[dict[str, Any]], command: str) -> str:
              "", CAVEAT, "", "CPU: " + "; ".join(sorted({c for e in entries for c in e["cpu"]})),
              "", "## Speed and memory (fixed-length answers, prefix caching off)", "",
              "| reader | style | variant | dtype | checkpoint MB | engine RSS MB | start s | "
-             "C | n | TTFT p50 ms | TPOT p50 ms | TTFT vs fp32 | TPOT vs fp32 |",
-             "|" + "---|" * 13]  # fmt: skip
+             "C | n | TTFT p50 ms | TPOT p50 ms | TTFT vs fp32 | TPOT vs fp32 | TTFT vs bf16 | "
+             "TPOT vs bf16 |", "|" + "---|" * 15]  # fmt: skip
     for e in entries:
         for c in (1, 8):
             p = e[f"c{c}"]
@@ -363,9 +365,11 @@ def markdown(entries: Sequence[dict[str, Any]], command: str) -> str:
                 f"{e['checkpoint_mb']:.0f} | {e['engine_rss_mb']:.0f} | "
                 f"{e['engine_start_s']:.1f} | {c} | {p['n']} | {stats.format_ms(p['ttft_ms_p50'])}"
                 f" | {stats.format_ms(p['tpot_ms_p50'])} | {_ratio(p['ttft_vs_fp32'])} | "
-                f"{_ratio(p['tpot_vs_fp32'])} |")  # fmt: skip
-    lines += ["", "Ratios are variant / fp32 per prompt (median, paired bootstrap 95% CI); "
-              "below 1 is faster.", "", "## Answers (SQuAD dev, concurrency 8, greedy)", "",
+                f"{_ratio(p['tpot_vs_fp32'])} | {_ratio(p['ttft_vs_bf16'])} | "
+                f"{_ratio(p['tpot_vs_bf16'])} |")  # fmt: skip
+    lines += ["", "Ratios are variant / reference per prompt (median, paired bootstrap 95% CI), "
+              "over the blocks both ran; below 1 is faster.", "",
+              "## Answers (SQuAD dev, concurrency 8, greedy)", "",
               "| reader | style | variant | n | F1 | EM | contains gold | gold in context | "
               "F1 vs fp32 | EM vs fp32 | contains gold vs fp32 |",
               "|" + "---|" * 11]  # fmt: skip

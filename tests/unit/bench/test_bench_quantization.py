@@ -61,6 +61,7 @@ def test_summary_gives_ratios_and_paired_score_differences_against_fp32() -> Non
             _quality("fp32", ids), _quality("int4", worse)]  # fmt: skip
     entries = {e["variant"]: e for e in q.summarize(runs)}
     assert list(entries) == ["fp32", "int4"]
+    assert entries["fp32"]["c1"]["tpot_vs_fp32"] is None  # no ratio to itself
     tpot = entries["int4"]["c1"]["tpot_vs_fp32"]
     assert tpot["estimate"] == pytest.approx(0.5)
     assert entries["int4"]["c1"]["ttft_vs_fp32"]["estimate"] == pytest.approx(1.1)
