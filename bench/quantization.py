@@ -35,6 +35,7 @@ import argparse
 import json
 import os
 import platform
+import signal
 import sys
 import time
 from collections.abc import Sequence
@@ -161,6 +162,9 @@ def _run(args: argparse.Namespace, step: str) -> dict[str, Any]:
                    if k != "argv"},
         "started_at": _utc_now(), "points": [],
     }  # fmt: skip
+    # A stopped run (SIGTERM) shuts its engine down like Ctrl-C does, instead of leaving
+    # the engine's processes behind; what was answered is already saved.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     started = time.perf_counter()
     engine = AsyncLLM.from_engine_args(engine_args)
     doc["engine_start_s"] = time.perf_counter() - started
