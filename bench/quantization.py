@@ -385,8 +385,7 @@ def markdown(entries: Sequence[dict[str, Any]], command: str) -> str:
             f"| {e['reader']} | {e['style']} | {e['variant']} | {q['n']} | {_score(q['f1'])} | "
             f"{_score(q['em'])} | {_score(q['contains_gold'])} | "
             f"{_score(q['gold_in_context'])} | {_diff(q.get('f1_vs_fp32'))} | "
-            f"{_diff(q.get('em_vs_fp32'))} | {_diff(q.get('contains_gold_vs_fp32'))} | "
-            f"{stats.format_ms(q['ttft_ms_p50_c8'])} | {stats.format_ms(q['tpot_ms_p50_c8'])} |"
+            f"{_diff(q.get('em_vs_fp32'))} | {_diff(q.get('contains_gold_vs_fp32'))} |"
         )
     lines += ["", "Scores are means with a bootstrap 95% CI; differences are variant - fp32 per "
               "question (paired). Speed comes from the table above only: the answering runs "

@@ -70,6 +70,10 @@ def test_summary_gives_ratios_and_paired_score_differences_against_fp32() -> Non
     assert "f1_vs_fp32" not in entries["fp32"]["quality"]
     text = q.markdown(list(entries.values()), "python -m bench.quantization report")
     assert "0.50x [0.50, 0.50]" in text and "-0.250" in text and q.CAVEAT in text
+    answers = [
+        line for line in text.splitlines() if line.startswith("| qwen0.5b | short | int4 | 20 |")
+    ]
+    assert len(answers) == 1 and answers[0].count("|") == 12  # 11 columns
 
 
 def test_run_files_name_step_reader_variant_style_and_block() -> None:
