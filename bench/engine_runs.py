@@ -9,9 +9,11 @@ drift out of their comparisons.
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 import uuid
 from collections.abc import Sequence
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -60,12 +62,19 @@ async def measure_point(
     return list(rows), time.perf_counter() - start
 
 
+def utc_now() -> str:
+    """A run's start or end, as its records write it."""
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
 def engine_rss_bytes() -> int:
     """Resident memory of this process's children (vLLM's engine core and its worker)."""
     import psutil
 
+    from harness.processes import descendants
+
     total = 0
-    for child in psutil.Process().children(recursive=True):
+    for child in descendants(os.getpid()):
         try:
             total += child.memory_info().rss
         except psutil.Error:

@@ -40,12 +40,11 @@ import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from bench import stats
-from bench.engine_runs import engine_rss_bytes, measure_point, service_messages
+from bench.engine_runs import engine_rss_bytes, measure_point, service_messages, utc_now
 from bench.outputs import positive_int, write_json_and_markdown
 
 READERS = {
@@ -160,7 +159,7 @@ def _run(args: argparse.Namespace, step: str) -> dict[str, Any]:
         "command": "python -m bench.quantization " + " ".join(args.argv),
         "config": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()
                    if k != "argv"},
-        "started_at": _utc_now(), "points": [],
+        "started_at": utc_now(), "points": [],
     }  # fmt: skip
     # A stopped run (SIGTERM) shuts its engine down like Ctrl-C does, instead of leaving
     # the engine's processes behind; what was answered is already saved.
@@ -204,7 +203,7 @@ def _run(args: argparse.Namespace, step: str) -> dict[str, Any]:
     finally:
         doc["engine_rss_bytes_after"] = engine_rss_bytes()
         engine.shutdown()
-    doc["finished_at"] = _utc_now()
+    doc["finished_at"] = utc_now()
     return _save(args.out, doc)
 
 
@@ -220,10 +219,6 @@ def _save(out: Path, doc: dict[str, Any]) -> dict[str, Any]:
                     config.get("block"))  # fmt: skip
     (out / name).write_text(json.dumps(doc))
     return doc
-
-
-def _utc_now() -> str:
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 # ---------------------------------------------------------------- report
@@ -409,7 +404,8 @@ def main(argv: list[str] | None = None) -> int:
         "--max-new-tokens",
         type=positive_int,
         default=None,
-        help="default: 32 for latency, 32 short / 128 explained for quality",
+        help="default: 32 for latency; for quality 64 short (as docs/quality.md's SQuAD runs), "
+        "128 explained (the service's default)",
     )
     parser.add_argument("--out", type=Path, default=OUT)
     args = parser.parse_args(argv)

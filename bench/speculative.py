@@ -29,12 +29,11 @@ import sys
 import time
 from collections.abc import Sequence
 from dataclasses import asdict
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from bench import stats
-from bench.engine_runs import measure_point, service_messages
+from bench.engine_runs import measure_point, service_messages, utc_now
 from bench.outputs import positive_int, write_json_and_markdown
 from bench.questions import DEFAULT_QUESTIONS
 
@@ -235,7 +234,7 @@ def run_vllm(args: argparse.Namespace) -> dict[str, Any]:
     )
     prompts = [tokenizer.apply_chat_template(m, tokenize=False, add_generation_prompt=True)
                for m in messages]  # fmt: skip
-    started_at = _utc_now()
+    started_at = utc_now()
     started = time.perf_counter()
     engine = AsyncLLM.from_engine_args(engine_args)
     start_s = time.perf_counter() - started
@@ -263,11 +262,7 @@ def run_vllm(args: argparse.Namespace) -> dict[str, Any]:
     finally:
         engine.shutdown()
     return _save_vllm(args, {"engine_start_s": start_s, "points": points,
-                             "started_at": started_at, "finished_at": _utc_now()})  # fmt: skip
-
-
-def _utc_now() -> str:
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+                             "started_at": started_at, "finished_at": utc_now()})  # fmt: skip
 
 
 def vllm_file(variant: str, block: int | None) -> str:

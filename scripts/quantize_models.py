@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
 import random
 import shutil
 import sys
@@ -36,6 +35,8 @@ from dataclasses import asdict, dataclass
 from importlib import metadata
 from pathlib import Path
 from typing import Any
+
+from scripts.prepare_models import TMP_PREFIX, dir_size, make_readable, remove_stale_tmp
 
 logger = logging.getLogger(__name__)
 
@@ -100,10 +101,6 @@ def _versions() -> dict[str, str]:
     return {name: metadata.version(name) for name in names}
 
 
-def _size(folder: Path) -> int:
-    return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
-
-
 def is_complete(folder: Path) -> bool:
     return (folder / MANIFEST).is_file() and (folder / "config.json").is_file()
 
@@ -139,7 +136,8 @@ def quantize(model: Path, scheme: str, output: Path, calibration: Calibration,
     }.values():
         table.to(width)
     output.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{output.name}-", dir=output.parent))
+    remove_stale_tmp(output.parent, output.name)
+    tmp = Path(tempfile.mkdtemp(prefix=f"{TMP_PREFIX}{output.name}.", dir=output.parent))
     try:
         loaded.save_pretrained(tmp, save_compressed=True)
         tokenizer.save_pretrained(tmp)
@@ -149,11 +147,11 @@ def quantize(model: Path, scheme: str, output: Path, calibration: Calibration,
         manifest = {
             "source": str(model), "scheme": scheme, "group_size": group_size if scheme == "int4"
             else None, "calibration": asdict(calibration) | {"windows": len(rows)},
-            "quantize_seconds": round(seconds, 1), "bytes": _size(tmp),
-            "source_bytes": _size(model), "versions": _versions(),
+            "quantize_seconds": round(seconds, 1), "bytes": dir_size(tmp),
+            "source_bytes": dir_size(model), "versions": _versions(),
         }  # fmt: skip
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
-        os.chmod(tmp, 0o755)
+        make_readable(tmp)
         if output.exists():
             shutil.rmtree(output)
         tmp.rename(output)

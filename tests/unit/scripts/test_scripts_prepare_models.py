@@ -173,7 +173,7 @@ def test_prepare_qwen_removes_leftovers_of_an_interrupted_run(
     tmp_path: Path, fake_qwen: dict[str, list[object]]
 ) -> None:
     output = tmp_path / "models"
-    stale = output / f"{pm._TMP_PREFIX}{pm.QWEN_DIRNAME}-download.abc123"
+    stale = output / f"{pm.TMP_PREFIX}{pm.QWEN_DIRNAME}-download.abc123"
     stale.mkdir(parents=True)
     (stale / "half.gguf").write_bytes(b"GGUF")
     pm.prepare_qwen(output)
