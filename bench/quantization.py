@@ -23,7 +23,8 @@ process, prefix caching off so that each prompt's whole prefill is the reader's.
 every variant; `--block B` takes the B-th slice of the prompt order, so that variants can
 alternate (fp32 b0, int4 b0, int4 b1, fp32 b1) and the report pairs them prompt by prompt.
 `quality` answers `--questions` prompts at concurrency 8 as the service would (greedy, stop
-at end of sequence) and scores EM, F1 and contains-gold per question. Each run also records
+at end of sequence) and scores EM, F1 and contains-gold per question; a stopped `quality` run
+of the same settings, asked again, keeps its answers and goes on. Each run also records
 the engine's start time, its resident memory after loading, the checkpoint's bytes and the
 CPU. `report` pairs every variant with fp32 of the same reader: ratios of TTFT and TPOT per
 prompt, differences of the scores per question, each with a paired bootstrap 95% interval.
@@ -183,9 +184,13 @@ def _run(args: argparse.Namespace, step: str) -> dict[str, Any]:
                       file=sys.stderr)  # fmt: skip
             return
         point: dict[str, Any] = {"concurrency": 8, "rows": [], "wall_s": 0.0}
+        earlier = answered_before(args.out, doc)
+        if earlier is not None:  # a stopped run of the same settings goes on where it stopped
+            point, doc["started_at"] = earlier["points"][0], earlier["started_at"]
+            doc["resumed_at"] = [*earlier.get("resumed_at", []), len(point["rows"])]
         doc["points"].append(point)
-        for start in range(0, len(prompts), SAVE_EVERY):  # saved as it goes: a stopped
-            end = start + SAVE_EVERY  # run keeps what it answered
+        for start in range(len(point["rows"]), len(prompts), SAVE_EVERY):  # saved as it
+            end = start + SAVE_EVERY  # goes: a stopped run keeps what it answered
             rows, wall_s = await measure_point(engine, prompts[start:end], 8,
                                                args.max_new_tokens)  # fmt: skip
             for row, q, m in zip(rows, questions[start:end], messages[start:end], strict=True):
@@ -205,6 +210,21 @@ def _run(args: argparse.Namespace, step: str) -> dict[str, Any]:
         engine.shutdown()
     doc["finished_at"] = utc_now()
     return _save(args.out, doc)
+
+
+def answered_before(out: Path, doc: dict[str, Any]) -> dict[str, Any] | None:
+    """The saved, unfinished quality run of the same reader, variant and settings as `doc`,
+    or None: its answers are kept and the run goes on from the first unanswered prompt."""
+    config = doc["config"]
+    path = out / run_file("quality", doc["reader"], doc["variant"], config["style"], None)
+    if not path.is_file():
+        return None
+    saved = json.loads(path.read_text())
+    same = all(saved["config"].get(key) == config.get(key)
+               for key in (*PAIRED_SETTINGS["quality"], "style"))  # fmt: skip
+    if not same or "finished_at" in saved or not saved["points"]:
+        return None
+    return saved
 
 
 def run_file(step: str, reader: str, variant: str, style: str, block: int | None) -> str:

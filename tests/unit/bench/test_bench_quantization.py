@@ -95,3 +95,22 @@ def test_a_folder_mixing_settings_is_refused(tmp_path: Path) -> None:
         q.load_runs(tmp_path)
     (tmp_path / "quality-b.json").unlink()
     assert len(q.load_runs(tmp_path)) == 1
+
+
+def test_a_stopped_quality_run_of_the_same_settings_is_taken_up_again(tmp_path: Path) -> None:
+    import json
+
+    settings = {"seed": 0, "top_k": 5, "questions": 200, "max_new_tokens": 64, "style": "short"}
+    stopped = _quality("int4", {"a": 1.0, "b": 0.0}) | {"started_at": "then"}
+    stopped["config"] = dict(settings)
+    path = tmp_path / q.run_file("quality", "qwen0.5b", "int4", "short", None)
+    path.write_text(json.dumps(stopped))
+    asked = {"reader": "qwen0.5b", "variant": "int4", "config": dict(settings)}
+    earlier = q.answered_before(tmp_path, asked)
+    assert earlier is not None and [r["id"] for r in earlier["points"][0]["rows"]] == ["a", "b"]
+    # Other settings, another variant or a finished run start afresh.
+    shorter = asked | {"config": settings | {"max_new_tokens": 32}}
+    assert q.answered_before(tmp_path, shorter) is None
+    assert q.answered_before(tmp_path, asked | {"variant": "fp32"}) is None
+    path.write_text(json.dumps(stopped | {"finished_at": "later"}))
+    assert q.answered_before(tmp_path, asked) is None
