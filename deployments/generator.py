@@ -17,6 +17,7 @@ from ray import serve
 from ray.serve.llm import LLMConfig, LLMServer
 
 from generation.batching import batch_events
+from generation.dtype import FASTEST, NATIVE_BF16_FLAGS, cpu_flags, resolve_engine_kwargs
 from generation.vllm_engine import VllmEngine
 from pipeline.log import get_logger
 from pipeline.messages import GenerationEvent, GenerationRequest
@@ -38,6 +39,7 @@ class GeneratorServer(LLMServer):
             cores = cpu_binding[rank % len(cpu_binding)]
             os.environ["VLLM_CPU_OMP_THREADS_BIND"] = cores
             logger.info("generator replica %d binds vLLM's threads to cores %s", rank, cores)
+        _resolve_dtype(llm_config)
         self._interval_ms = stream_batching_interval_ms
         await super().__init__(llm_config)
         client = getattr(self.engine, "_engine_client", None)
@@ -54,6 +56,22 @@ class GeneratorServer(LLMServer):
         ErrorEvent): the first token at once, later ones at most every interval."""
         async for batch in batch_events(self._vllm.stream(request), self._interval_ms):
             yield batch
+
+
+def _resolve_dtype(llm_config: LLMConfig) -> None:
+    """`dtype: fastest` becomes the dtype this node's CPU runs fastest (generation.dtype)."""
+    asked = llm_config.engine_kwargs.get("dtype")
+    if asked != FASTEST:
+        return
+    import torch
+
+    flags = cpu_flags()
+    source = llm_config.model_loading_config.model_source
+    resolved = resolve_engine_kwargs(llm_config.engine_kwargs, source, flags,
+                                     torch.cuda.is_available())["dtype"]  # fmt: skip
+    llm_config.update_engine_kwargs(dtype=resolved)
+    native = sorted(NATIVE_BF16_FLAGS & flags) or ["no native bf16"]
+    logger.info("generator dtype %s: %s on this CPU (%s)", asked, resolved, ", ".join(native))
 
 
 def _replica_rank() -> int:

@@ -50,7 +50,9 @@ def dtype_problem(model_source: str, dtype: Any) -> str | None:
     """Why `dtype` cannot serve the checkpoint at `model_source`, or None when it can (or
     when nothing is known about it)."""
     quantization = quantization_config(model_source)
-    if quantization is None or dtype is None or str(dtype) in HALF_DTYPES or dtype == "auto":
+    # auto (vLLM: the checkpoint's own 16-bit dtype) and fastest (generation.dtype: 16-bit
+    # for these checkpoints) both choose a dtype the kernels take.
+    if quantization is None or dtype is None or str(dtype) in (*HALF_DTYPES, "auto", "fastest"):
         return None
     bits = weight_only_bits(quantization)
     if bits is None or bits > 8:

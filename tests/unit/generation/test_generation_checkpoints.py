@@ -59,7 +59,14 @@ def test_a_4_bit_checkpoint_in_float32_is_refused_with_the_fix(tmp_path: Path) -
 
 @pytest.mark.parametrize(
     ("quantization", "dtype"),
-    [(None, "float32"), (W8A8, "float32"), (W4A16, None), (W4A16, "auto"), (W4A16, "float16")],
+    [
+        (None, "float32"),
+        (W8A8, "float32"),
+        (W4A16, None),
+        (W4A16, "auto"),
+        (W4A16, "float16"),
+        (W4A16, "fastest"),
+    ],
 )
 def test_what_runs_is_let_through(tmp_path: Path, quantization: dict | None, dtype: str) -> None:
     assert dtype_problem(_folder(tmp_path, quantization), dtype) is None
