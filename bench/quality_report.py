@@ -3,6 +3,7 @@ prefix cache changed across fresh services, what a stronger reader changed.
 
     python -m bench.quality_report prefix bench-results/prefix     # make bench-prefix's runs
     python -m bench.quality_report readers STRONG.json WEAK.json [--points "none k=5" ...]
+    python -m bench.quality_report run RESULT.json [--out REPORT.json]
 
 A quality run (bench.quality) writes its own comparisons into its report: every point
 against `none` at the same k, paired by question (the questions both answered): the mean
@@ -204,6 +205,24 @@ def reader_report(
     return markdown_table(header, rows) + "\n", data
 
 
+def run_report(doc: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
+    """Each point of one quality run on its own: n, each score's mean and the medians of
+    TTFT and TPOT, each with its 95% interval (for a run with no `none` to pair against)."""
+    header, rows, data = ["point", "n", *SCORES, "TTFT p50 ms", "TPOT p50 ms"], [], {}
+    for point, answered in answered_by_point(doc["results"]).items():
+        results = list(answered.values())
+        scores = {name: one_sample([score(r) for r in results], sample_mean)
+                  for name, score in SCORES.items()}  # fmt: skip
+        ttft = one_sample(r.get("ttft_ms") for r in results)
+        tpot = one_sample(r.get("tpot_ms") for r in results)
+        rows.append([point, len(results), *(fmt_interval(i) for i in scores.values()),
+                     fmt_interval(ttft, 0), fmt_interval(tpot, 0)])  # fmt: skip
+        data[point] = {"n": len(results), "ttft_ms_p50": interval_dict(ttft),
+                       "tpot_ms_p50": interval_dict(tpot),
+                       **{name: interval_dict(i) for name, i in scores.items()}}  # fmt: skip
+    return markdown_table(header, rows) + "\n", data
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
@@ -214,6 +233,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     readers.add_argument("weaker", type=Path)
     readers.add_argument("--points", nargs="+", default=["none k=5"])
     readers.add_argument("--out", type=Path, help="also write the report's JSON here")
+    run = commands.add_parser("run", help="one quality run's points, each with its intervals")
+    run.add_argument("result", type=Path, help="a bench.quality run's JSON")
+    run.add_argument("--out", type=Path, help="also write the report's JSON here")
     args = parser.parse_args(argv)
     if args.command == "prefix":
         runs = {
@@ -221,6 +243,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         }
         text, data = prefix_report(runs)
         out = args.folder / "prefix.json"
+    elif args.command == "run":
+        text, data = run_report(_load(args.result))
+        out = args.out
     else:
         text, data = reader_report(_load(args.stronger), _load(args.weaker), args.points)
         out = args.out

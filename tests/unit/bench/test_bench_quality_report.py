@@ -82,3 +82,18 @@ def test_markdown_table_aligns_numbers_and_escapes_pipes():
     assert text.splitlines() == ["| name | n |", "|---|---:|", "| a\\|b | 3 |"]
     with pytest.raises(ValueError):
         markdown_table(["name", "n"], [["only one cell"]])
+
+
+def test_the_run_report_gives_each_point_its_intervals_and_leaves_out_failures():
+    results = [result("sentences@0.5 k=5", f"q{i}", float(i % 2), 100.0 + i) for i in range(20)]
+    for r in results:
+        r["contains_gold"], r["tpot_ms"] = r["f1"] == 1.0, 50.0
+    results.append(result("sentences@0.5 k=5", "q-failed", 1.0, 1.0, error="timeout"))
+    text, data = quality_report.run_report({"results": results})
+    point = data["sentences@0.5 k=5"]
+    assert point["n"] == 20
+    assert point["contains gold"]["estimate"] == pytest.approx(0.5)
+    assert point["contains gold"]["low"] < 0.5 < point["contains gold"]["high"]
+    assert point["ttft_ms_p50"]["estimate"] == pytest.approx(109.5)
+    assert point["tpot_ms_p50"]["estimate"] == pytest.approx(50.0)
+    assert "TPOT p50 ms" in text and "sentences@0.5 k=5" in text
