@@ -61,7 +61,7 @@ from bench.stats import (
 )
 from bench.tables import markdown_table
 from harness.service import ROOT
-from harness.variant import parse_assignment
+from harness.variant import first_application, parse_assignment
 from prepare.cost_model import CompressionCostModel, CompressorCost, PrefillCost
 from retrieval.models import DEFAULT_EMBEDDING_MODEL
 
@@ -641,7 +641,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "compression.timeout_s": 600,
         **dict(args.overrides),
     }
-    source = str(overrides.get("generator.model_source", ".models/smollm2-135m-instruct"))
+    shipped = first_application(args.base_config)[1]["args"]["generator"]["model_source"]
+    source = str(overrides.get("generator.model_source", shipped))
     squad = load_squad(DEFAULT_CACHE_DIR / SQUAD_DEV_FILENAME)
     lengths = sorted(args.lengths)
     needed = (args.repeats + 1) * len(lengths) * len(POLICIES)

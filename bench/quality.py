@@ -146,6 +146,8 @@ SWEEPS: dict[str, tuple[SweepPoint, ...]] = {
     # The prefix cache's TTFT (bench.suite's prefix-off / prefix-on plans): one request per
     # question, so nothing but the system prompt can be shared between prompts.
     "prefix": (SweepPoint("none", None, 3),),
+    # What the shipped config does to every request: sentences at 0.5 on the top 5.
+    "default": (SweepPoint("sentences", 0.5, 5),),
     # The slower Qwen reader: the k=3 points.
     "qwen": (
         SweepPoint("none", None, 3),

@@ -128,6 +128,10 @@ SMOLLM2_GENERATOR: dict[str, object] = {
     "generator.model_id": "smollm2-135m-instruct",
     "generator.model_source": ".models/smollm2-135m-instruct",
 }
+# What the stored figures of the plans were measured with (docs/benchmarks.md,
+# docs/quality.md): SmolLM2 in fp32, the shipped reader until `make run` got the 1.5B. A plan
+# names its reader over it; a plan `as_shipped` (eval-default) serves serve_config.yaml as is.
+MEASURED_WITH: dict[str, object] = {**SMOLLM2_GENERATOR, "generator.engine_kwargs.dtype": "float32"}
 # make models-qwen.
 QWEN_GENERATOR: dict[str, object] = {
     "generator.model_id": "qwen2.5-coder-0.5b-instruct",
@@ -150,6 +154,8 @@ class QualityPlan:
     answer_style: str = "explained"
     # bench.quality run's --interleave: question by question, the points in ABBA turn.
     interleave: bool = False
+    # serve_config.yaml's own reader and dtype, not MEASURED_WITH's.
+    as_shipped: bool = False
 
 
 def reader_headline(generator: dict[str, object]) -> QualityPlan:
@@ -193,7 +199,18 @@ QUALITY_PLANS: dict[str, QualityPlan] = {
     "eval-qwen05": reader_headline(QWEN_GENERATOR),
     # And by the CPU default's SmolLM2-135M (eval-full asked it 40 questions, long answers).
     "eval-smollm2": reader_headline(SMOLLM2_GENERATOR),
+    # What `make run` serves, as shipped: its reader and dtype, the explained style, its
+    # compression (sentences at 0.5, which `auto` always applies) at top-5 and its 128-token
+    # answers, one request at a time on the default CPU binding. 200 random questions.
+    "eval-default": QualityPlan(
+        questions=200, sweep="default", max_tokens=128, answer_style="explained", as_shipped=True
+    ),
 }
+
+
+def service_overrides(overrides: dict[str, object], as_shipped: bool = False) -> dict[str, object]:
+    """A plan's overrides over MEASURED_WITH (its reader and dtype), or alone `as_shipped`."""
+    return dict(overrides) if as_shipped else {**MEASURED_WITH, **overrides}
 
 
 @contextmanager
@@ -202,7 +219,8 @@ def quality_service(
 ) -> Iterator[str]:
     """The plan's service over the SQuAD index, warmed up; yields its URL and stops it after.
     Its config and log go to out_dir/<name>.serve.yaml and .serve.log."""
-    overrides: dict[str, object] = {"retriever.index_path": plan.index_path, **plan.overrides}
+    overrides = service_overrides({"retriever.index_path": plan.index_path, **plan.overrides},
+                                  plan.as_shipped)  # fmt: skip
     with variant_service(base_config, overrides, out_dir, name) as url:
         yield url
 
@@ -211,7 +229,9 @@ def run_quality(plan: QualityPlan, out_dir: Path, base_config: Path) -> Path:
     """Serve the SQuAD index (bench.quality prepare builds it), score the sweep, stop; a
     run stopped early goes on where it stopped when started again (bench.quality --resume)."""
     label = f"squad-{plan.sweep}-{plan.questions}q"
-    if plan.overrides.get("generator.model_id"):
+    if plan.as_shipped:
+        label += "-as-shipped"
+    elif plan.overrides.get("generator.model_id"):
         label += f"-{plan.overrides['generator.model_id']}"
     with quality_service(plan, out_dir, base_config) as url:
         argv = [
@@ -230,7 +250,8 @@ def run_plan(plan: Sequence[ServiceVariant], out_dir: Path, base_config: Path) -
     """Start each variant, run its load points, write SUMMARY.md and the plots; return its path."""
     out_dir.mkdir(parents=True, exist_ok=True)
     for variant in plan:
-        with variant_service(base_config, variant.overrides, out_dir, variant.name) as url:
+        overrides = service_overrides(variant.overrides)
+        with variant_service(base_config, overrides, out_dir, variant.name) as url:
             for load in variant.loads:
                 argv = ["--url", url, "--label", load.label, "--out", str(out_dir), *load.argv]
                 if latency.main(argv) != 0:

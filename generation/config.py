@@ -140,7 +140,9 @@ class GeneratorConfig(StrictModel):
     engine_kwargs: dict[str, Any] = Field(
         default_factory=dict,
         description="engine vllm: passed to vLLM as engine arguments (enable_prefix_caching, "
-        "quantization, speculative_config, dtype, ...). max_model_len is set from the field above.",
+        "quantization, speculative_config, dtype, ...). max_model_len is set from the field above. "
+        "dtype 'fastest' (this project's, generation/dtype.py): bfloat16 on CPUs with native bf16, "
+        "float32 on other CPUs, vLLM's auto on a GPU, chosen on the replica's node.",
     )
     accelerator_type: str | None = Field(
         None,

@@ -20,6 +20,7 @@ from typing import Any
 
 from app.config import parse_config
 from generation.config import GeneratorConfig
+from generation.dtype import cpu_flags, resolve_engine_kwargs
 from harness.service import free_port, running_server
 from pipeline.config_base import PROJECT_ROOT
 from retrieval.models import resolve_model_reference
@@ -72,7 +73,11 @@ def vllm_serve_argv(
         "--served-model-name", generator.model_id,
         "--max-model-len", str(generator.max_model_len),
     ]  # fmt: skip
-    for key, value in generator.engine_kwargs.items():
+    # `dtype: fastest` is this project's (generation.dtype), resolved for this machine, on
+    # which the server runs.
+    engine_kwargs = resolve_engine_kwargs(generator.engine_kwargs, model_path, cpu_flags(),
+                                          has_gpu=False)  # fmt: skip
+    for key, value in engine_kwargs.items():
         argv += engine_flag(key, value)
     return argv
 

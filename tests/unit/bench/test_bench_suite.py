@@ -40,3 +40,18 @@ def test_load_point_labels_are_unique_within_a_plan():
 
 def test_quality_plans_serve_the_squad_index():
     assert {plan.index_path for plan in QUALITY_PLANS.values()} == {"indexes/squad-dev"}
+
+
+def test_plans_keep_the_reader_their_figures_were_measured_with():
+    """The stored figures were read by SmolLM2 in fp32: a plan that names no reader still
+    gets it, though serve_config.yaml now ships the 1.5B; eval-default serves the file as is."""
+    from bench.suite import SMOLLM2_GENERATOR, service_overrides
+
+    quick = service_overrides({"generator.engine_kwargs.enable_prefix_caching": False})
+    assert quick["generator.model_source"] == SMOLLM2_GENERATOR["generator.model_source"]
+    assert quick["generator.engine_kwargs.dtype"] == "float32"
+    named = service_overrides({"generator.model_source": ".models/qwen2.5-coder-0.5b-instruct"})
+    assert named["generator.model_source"] == ".models/qwen2.5-coder-0.5b-instruct"
+    default = QUALITY_PLANS["eval-default"]
+    assert default.as_shipped
+    assert service_overrides(dict(default.overrides), default.as_shipped) == {}
