@@ -62,6 +62,21 @@ async def measure_point(
     return list(rows), time.perf_counter() - start
 
 
+# The environment that decides how a CPU engine runs: its threads' cores, its KV cache, and
+# an OpenMP runtime preloaded in place of the default one. Recorded with every run.
+ENGINE_ENVIRONMENT = ("VLLM_CPU_OMP_THREADS_BIND", "VLLM_CPU_KVCACHE_SPACE", "LD_PRELOAD")
+
+
+def engine_environment() -> dict[str, str | None]:
+    """This process's ENGINE_ENVIRONMENT, as the engine it starts will see it."""
+    return {key: os.environ.get(key) for key in ENGINE_ENVIRONMENT}
+
+
+def every_cpu() -> str:
+    """The cores this process may run on, as VLLM_CPU_OMP_THREADS_BIND writes them ("0,1")."""
+    return ",".join(str(cpu) for cpu in sorted(os.sched_getaffinity(0)))
+
+
 def utc_now() -> str:
     """A run's start or end, as its records write it."""
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")

@@ -17,7 +17,9 @@ full-precision model would lose.
 
 Prompts are the service's (SQuAD dev questions drawn with a seed, their top-k chunks from
 indexes/squad-dev, the answer style's system prompt, the chat template), one engine per
-process, prefix caching off so that each prompt's whole prefill is the reader's.
+process, its threads on every core the process may use (VLLM_CPU_OMP_THREADS_BIND unless
+set; the run records it), prefix caching off so that each prompt's whole prefill is the
+reader's.
 `latency` times n1 prompts at concurrency 1 and n8 at concurrency 8, each answer a fixed
 `--max-new-tokens` (end of sequence ignored), so TTFT and TPOT are over the same work for
 every variant; `--block B` takes the B-th slice of the prompt order, so that variants can
@@ -45,7 +47,14 @@ from pathlib import Path
 from typing import Any
 
 from bench import stats
-from bench.engine_runs import engine_rss_bytes, measure_point, service_messages, utc_now
+from bench.engine_runs import (
+    engine_environment,
+    engine_rss_bytes,
+    every_cpu,
+    measure_point,
+    service_messages,
+    utc_now,
+)
 from bench.outputs import positive_int, write_json_and_markdown
 
 READERS = {
@@ -133,6 +142,9 @@ def _run(args: argparse.Namespace, step: str) -> dict[str, Any]:
     import asyncio
 
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    # Every core for the engine's threads (vLLM's own binding keeps one for its scheduler,
+    # which on two cores halves the reader): one engine at a time runs here, nothing else.
+    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", every_cpu())
     from transformers import AutoTokenizer
     from vllm import AsyncEngineArgs
     from vllm.v1.engine.async_llm import AsyncLLM
@@ -157,6 +169,7 @@ def _run(args: argparse.Namespace, step: str) -> dict[str, Any]:
         "step": step, "reader": args.reader, "variant": args.variant, "weights": variant.weights,
         "dtype": variant.dtype, "checkpoint": str(folder),
         "checkpoint_bytes": checkpoint_bytes(folder), "cpu": cpu_name(),
+        "environment": engine_environment(),
         "command": "python -m bench.quantization " + " ".join(args.argv),
         "config": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()
                    if k != "argv"},

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import stats
-from bench.engine_runs import measure_point, service_messages, utc_now
+from bench.engine_runs import engine_environment, measure_point, service_messages, utc_now
 from bench.outputs import positive_int, write_json_and_markdown
 from bench.questions import DEFAULT_QUESTIONS
 
@@ -43,7 +43,6 @@ SPEC_PREFIX = "vllm:spec_decode_num_"
 # Settings that change the engine's speed, saved with each vLLM run.
 PAIRED_SETTINGS = ("target", "draft", "questions", "n", "n8", "seed", "top_k",
                    "max_new_tokens", "k", "dtype")  # fmt: skip
-ENGINE_ENVIRONMENT = ("VLLM_CPU_OMP_THREADS_BIND", "VLLM_CPU_KVCACHE_SPACE", "LD_PRELOAD")
 
 
 QUESTION_SETS = {"default": Path("indexes/default"), "squad": Path("indexes/squad-dev")}
@@ -270,7 +269,7 @@ def vllm_file(variant: str, block: int | None) -> str:
 
 
 def _save_vllm(args: argparse.Namespace, doc: dict[str, Any]) -> dict[str, Any]:
-    environment = {k: os.environ.get(k) for k in ENGINE_ENVIRONMENT}
+    environment = engine_environment()
     doc = {"engine": "vllm", "config": _config(args), "command": _command(args),
            "environment": environment} | doc  # fmt: skip
     args.out.mkdir(parents=True, exist_ok=True)
