@@ -17,7 +17,7 @@ from ray import serve
 from ray.serve.llm import LLMConfig, LLMServer
 
 from generation.batching import batch_events
-from generation.dtype import FASTEST, NATIVE_BF16_FLAGS, cpu_flags, resolve_engine_kwargs
+from generation.dtype import FASTEST, NATIVE_BF16_FLAGS, cpu_flags, fastest_dtype
 from generation.vllm_engine import VllmEngine
 from pipeline.log import get_logger
 from pipeline.messages import GenerationEvent, GenerationRequest
@@ -67,8 +67,7 @@ def _resolve_dtype(llm_config: LLMConfig) -> None:
 
     flags = cpu_flags()
     source = llm_config.model_loading_config.model_source
-    resolved = resolve_engine_kwargs(llm_config.engine_kwargs, source, flags,
-                                     torch.cuda.is_available())["dtype"]  # fmt: skip
+    resolved = fastest_dtype(source, flags, torch.cuda.is_available())
     llm_config.update_engine_kwargs(dtype=resolved)
     native = sorted(NATIVE_BF16_FLAGS & flags) or ["no native bf16"]
     logger.info("generator dtype %s: %s on this CPU (%s)", asked, resolved, ", ".join(native))

@@ -16,6 +16,9 @@ from typing import Any
 
 # Activation dtypes the 4-bit weight-only kernels take (vLLM's CPU WNA16, AWQ, GPTQ, Marlin).
 HALF_DTYPES = ("bfloat16", "float16", "half", "bf16", "fp16")
+# This project's dtype that the generator replica resolves on its own CPU (generation.dtype);
+# for a checkpoint of half_activation_bits it always means bfloat16.
+FASTEST = "fastest"
 
 
 def quantization_config(model_source: str) -> dict[str, Any] | None:
@@ -46,16 +49,23 @@ def weight_only_bits(quantization: dict[str, Any]) -> int | None:
     return widths.pop() if len(widths) == 1 else None
 
 
+def half_activation_bits(model_source: str) -> int | None:
+    """The weight width of the checkpoint at `model_source` when it is weight-only at 8 bits
+    or fewer, whose kernels take 16-bit activations only; None for any other model."""
+    quantization = quantization_config(model_source)
+    bits = None if quantization is None else weight_only_bits(quantization)
+    return bits if bits is not None and bits <= 8 else None
+
+
 def dtype_problem(model_source: str, dtype: Any) -> str | None:
     """Why `dtype` cannot serve the checkpoint at `model_source`, or None when it can (or
     when nothing is known about it)."""
-    quantization = quantization_config(model_source)
-    # auto (vLLM: the checkpoint's own 16-bit dtype) and fastest (generation.dtype: 16-bit
-    # for these checkpoints) both choose a dtype the kernels take.
-    if quantization is None or dtype is None or str(dtype) in (*HALF_DTYPES, "auto", "fastest"):
+    # auto (vLLM: the checkpoint's own 16-bit dtype) and fastest (16-bit for these
+    # checkpoints) both choose a dtype the kernels take.
+    if dtype is None or str(dtype) in (*HALF_DTYPES, "auto", FASTEST):
         return None
-    bits = weight_only_bits(quantization)
-    if bits is None or bits > 8:
+    bits = half_activation_bits(model_source)
+    if bits is None:
         return None
     return (
         f"{model_source} holds {bits}-bit weights with 16-bit activations, whose kernels take "

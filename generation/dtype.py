@@ -17,9 +17,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from generation.checkpoints import quantization_config, weight_only_bits
+from generation.checkpoints import FASTEST, half_activation_bits
 
-FASTEST = "fastest"
 NATIVE_BF16_FLAGS = frozenset({"avx512_bf16", "amx_bf16"})
 
 
@@ -40,8 +39,7 @@ def fastest_dtype(model_source: str, flags: Iterable[str], has_gpu: bool) -> str
     """What `fastest` means for `model_source` on a machine with these CPU `flags`."""
     if has_gpu:
         return "auto"
-    quantization = quantization_config(model_source)
-    if quantization is not None and (weight_only_bits(quantization) or 16) <= 8:
+    if half_activation_bits(model_source) is not None:
         return "bfloat16"
     return "bfloat16" if NATIVE_BF16_FLAGS & set(flags) else "float32"
 
