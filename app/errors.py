@@ -68,6 +68,16 @@ def stage_unavailable(exc: StageUnavailable, retry_after_s: float) -> ApiError:
     )
 
 
+def invalid_api_key() -> ApiError:
+    return ApiError(
+        401,
+        "missing or invalid API key: send Authorization: Bearer <key>",
+        "authentication_error",
+        code="invalid_api_key",
+        headers={"WWW-Authenticate": "Bearer"},
+    )
+
+
 def rate_limited(retry_after_s: float) -> ApiError:
     return ApiError(
         429,

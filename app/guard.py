@@ -10,14 +10,13 @@ reading the rest of a body nobody asked for (to keep the connection for another 
 
 from __future__ import annotations
 
-import hmac
 import uuid
 from typing import Any
 
 from fastapi import Request
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from app.errors import ApiError, error_response, not_ready, rate_limited
+from app.errors import ApiError, error_response, invalid_api_key, not_ready, rate_limited
 from app.keys import ADMIN, Grant, path_refusal
 
 
@@ -31,16 +30,14 @@ class RequestGuard:
             return
         state = getattr(scope["app"].state, "rag", None)
         serve_id = state.serve_request_id() if state is not None else None
-        request_id = serve_id or _header(scope, b"x-request-id") or uuid.uuid4().hex
+        request_id = serve_id or request_header(scope, b"x-request-id") or uuid.uuid4().hex
         scope.setdefault("state", {})["request_id"] = request_id
         if serve_id is None:  # Serve's proxy sets the header itself
-            send = _with_header(send, b"x-request-id", request_id.encode())
+            send = with_response_header(send, b"x-request-id", request_id.encode())
         if scope["path"].startswith("/v1/"):
             refusal = _refusal(state, scope)
             if refusal is not None:
-                if _has_body(scope):
-                    send = _with_header(send, b"connection", b"close")
-                await error_response(refusal, request_id)(scope, receive, send)
+                await send_refusal(refusal, request_id, scope, receive, send)
                 return
         await self.app(scope, receive, send)
 
@@ -63,22 +60,10 @@ def _refusal(state: Any, scope: Scope) -> ApiError | None:
         return not_ready("the service is starting", retry_after_s=5)
     key = None
     if state.settings.auth_required:
-        scheme, _, token = (_header(scope, b"authorization") or "").partition(" ")
-        token = token.strip()
-        # Every key is compared, so the time taken does not say which one came close.
-        matches = [
-            k for k in state.settings.api_keys if hmac.compare_digest(token.encode(), k.encode())
-        ]
-        if scheme.lower() != "bearer" or not matches:
-            return ApiError(
-                401,
-                "missing or invalid API key: send Authorization: Bearer <key>",
-                "authentication_error",
-                code="invalid_api_key",
-                headers={"WWW-Authenticate": "Bearer"},
-            )
-        key = token
-        grant = scope["state"]["grant"] = state.settings.grant(matches[0])
+        key = state.settings.key_of(request_header(scope, b"authorization"))
+        if key is None:
+            return invalid_api_key()
+        grant = scope["state"]["grant"] = state.settings.grant(key)
         if refusal := path_refusal(grant, scope["method"], scope["path"]):
             return refusal
     # Who the request counts against (rate limit, upload budget): its key, else its address.
@@ -91,22 +76,32 @@ def _refusal(state: Any, scope: Scope) -> ApiError | None:
     return None
 
 
-def _has_body(scope: Scope) -> bool:
+async def send_refusal(
+    error: ApiError, request_id: str, scope: Scope, receive: Receive, send: Send
+) -> None:
+    """Answer `error` without reading the body: a request that announced one gets
+    `Connection: close`, so the server drops it instead of reading what nobody asked for."""
+    if announces_body(scope):
+        send = with_response_header(send, b"connection", b"close")
+    await error_response(error, request_id)(scope, receive, send)
+
+
+def announces_body(scope: Scope) -> bool:
     """Whether the request announces a body: chunked, or a Content-Length above 0."""
-    length = _header(scope, b"content-length")
-    return _header(scope, b"transfer-encoding") is not None or (
+    length = request_header(scope, b"content-length")
+    return request_header(scope, b"transfer-encoding") is not None or (
         length is not None and length.strip() not in ("", "0")
     )
 
 
-def _header(scope: Scope, name: bytes) -> str | None:
+def request_header(scope: Scope, name: bytes) -> str | None:
     for key, value in scope.get("headers", ()):
         if key == name:
             return value.decode("latin-1")
     return None
 
 
-def _with_header(send: Send, name: bytes, value: bytes) -> Send:
+def with_response_header(send: Send, name: bytes, value: bytes) -> Send:
     async def wrapped(message: Any) -> None:
         if message["type"] == "http.response.start":
             headers = list(message.get("headers", ()))

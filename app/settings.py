@@ -14,6 +14,7 @@ RAG_GENERATOR_API_KEY
 
 from __future__ import annotations
 
+import hmac
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -41,6 +42,14 @@ class Settings:
 
     def grant(self, key: str) -> Grant:
         return self.grants.get(key, ADMIN)
+
+    def key_of(self, authorization: str | None) -> str | None:
+        """The configured key an `Authorization: Bearer <key>` header carries, or None.
+        Every key is compared, so the time taken does not say which one came close."""
+        scheme, _, token = (authorization or "").partition(" ")
+        token = token.strip()
+        matches = [k for k in self.api_keys if hmac.compare_digest(token.encode(), k.encode())]
+        return matches[0] if scheme.lower() == "bearer" and matches else None
 
 
 def load_settings(environ: Mapping[str, str] | None = None) -> Settings:

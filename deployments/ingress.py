@@ -10,6 +10,7 @@ cut a conversation's history before a rewrite.
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 
 from fastapi import FastAPI
@@ -19,6 +20,7 @@ from ray.serve.handle import DeploymentHandle
 from app.admission import InFlightGate, KeyRateLimiter
 from app.api import ApiState, create_api
 from app.config import RagAppConfig
+from app.proxy_guard import PROXY_CALLBACK, PROXY_CALLBACK_ENV
 from app.readiness import ReadinessMonitor, ReplicaCounts
 from app.settings import load_settings
 from app.tuning import tuned
@@ -99,6 +101,13 @@ class RagIngress:
             count_error=metrics.observe_error,
             collections=HandleCollections(writer, available) if writer is not None else None,
         )
+        if settings.auth_required and os.environ.get(PROXY_CALLBACK_ENV) != PROXY_CALLBACK:
+            logger.warning(
+                "API keys are checked in the ingress only: Serve's proxy reads each request's "
+                "body before the ingress sees it. Start the cluster with %s=%s",
+                PROXY_CALLBACK_ENV,
+                PROXY_CALLBACK,
+            )
         logger.info(
             "ingress ready (auth %s, %d requests in flight at most)",
             "on" if settings.auth_required else "off",

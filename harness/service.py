@@ -29,6 +29,7 @@ from typing import Any
 import httpx
 import yaml
 
+from app.proxy_guard import PROXY_CALLBACK, PROXY_CALLBACK_ENV
 from harness import processes
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -36,6 +37,8 @@ ROOT = Path(__file__).resolve().parent.parent
 SERVICE_POLL_S = 0.5
 # How long a stopped server's process group may take to exit before it is killed.
 STOP_GRACE_S = 30.0
+# What every service started here runs with: no usage reports, the key check in Serve's proxy.
+SERVICE_ENVIRONMENT = {"RAY_USAGE_STATS_ENABLED": "0", PROXY_CALLBACK_ENV: PROXY_CALLBACK}
 
 
 class ServiceError(RuntimeError):
@@ -86,7 +89,7 @@ class ServiceLaunch:
         launcher: Sequence[str] = (),
     ) -> None:
         serve_bin = Path(sys.executable).with_name("serve")
-        environment = os.environ | {"RAY_USAGE_STATS_ENABLED": "0"} | dict(env or {})
+        environment = os.environ | SERVICE_ENVIRONMENT | dict(env or {})
         self._own_tmpdir = "RAY_TMPDIR" not in environment
         if self._own_tmpdir:
             # Short, in /tmp: Ray's socket paths live under it and must stay under 108 bytes.

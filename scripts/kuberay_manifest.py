@@ -26,6 +26,7 @@ from typing import Any
 import yaml
 
 from app.config import RagAppConfig, parse_config
+from app.proxy_guard import PROXY_CALLBACK, PROXY_CALLBACK_ENV
 from pipeline.config_base import ReplicaConfig
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -287,6 +288,9 @@ def _pod_template(
             _secret_env("RAG_API_KEYS", API_KEY_SECRET),
             _secret_env("HF_TOKEN", HF_TOKEN_SECRET, optional=True),
             {"name": "HF_HOME", "value": f"{MODEL_CACHE_MOUNT}/huggingface"},
+            # app/proxy_guard.py: Serve's proxy on every node checks the key before it reads
+            # a body (replicas' runtime_env does not reach the proxy; the pod's does).
+            {"name": PROXY_CALLBACK_ENV, "value": PROXY_CALLBACK},
         ],
         "volumeMounts": volume_mounts,
     }

@@ -11,6 +11,7 @@ user_config (`Service.tuned`), as an operator would, with no replica restarted.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
@@ -89,6 +90,18 @@ class Service:
 
     def client(self, **kwargs: Any) -> httpx.Client:
         return httpx.Client(base_url=self.base_url, headers=self.headers, timeout=300, **kwargs)
+
+    def log_lines(self, needle: str) -> list[str]:
+        """Lines holding `needle` in the logs of this service's own Ray instance (every
+        process: Serve's proxy, the replicas, the engine)."""
+        logs = self.running.ray_tmpdir / "ray" / "session_latest" / "logs"
+        found = []
+        for path in logs.rglob("*"):
+            if path.is_file() and path.suffix in (".log", ".err", ".out"):
+                with contextlib.suppress(OSError):
+                    text = path.read_text(errors="replace")
+                    found += [line for line in text.splitlines() if needle in line]
+        return found
 
     @contextmanager
     def tuned(self, user_config: Mapping[str, Any]) -> Iterator[Service]:

@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 
 import httpx
@@ -369,6 +371,41 @@ def test_api_key_is_required(service):
         f"{service.base_url}/v1/models", headers={"Authorization": "Bearer wrong-key"}
     )
     assert_error(wrong, 401)
+
+
+def test_an_unauthenticated_upload_is_refused_by_serves_proxy_before_one_body_byte(service):
+    # Headers only: a chunked upload whose body is never sent. The 401 has to come without
+    # it, and from the proxy itself (app/proxy_guard.py): no process of the service logs the
+    # request, where a request that passed the proxy is logged by the ingress replica.
+    refused_id, passed_id = f"itest-unread-{uuid.uuid4().hex}", f"itest-read-{uuid.uuid4().hex}"
+    url = httpx.URL(service.base_url)
+    with socket.create_connection((url.host, url.port), timeout=30) as connection:
+        connection.sendall(
+            b"POST /v1/collections/notes/documents HTTP/1.1\r\nHost: rag\r\n"
+            b"Content-Type: multipart/form-data; boundary=x\r\nTransfer-Encoding: chunked\r\n"
+            b"x-request-id: " + refused_id.encode() + b"\r\n\r\n"
+        )
+        reply = b""
+        while chunk := connection.recv(65536):  # the server closes after its answer
+            reply += chunk
+    head, _, body = reply.partition(b"\r\n\r\n")
+    status_line, *header_lines = head.decode("latin-1").split("\r\n")
+    headers = {name.lower(): value.strip() for name, _, value in
+               (line.partition(":") for line in header_lines)}  # fmt: skip
+    assert status_line.split()[1] == "401", reply[:500]
+    assert headers["connection"] == "close"
+    error = json.loads(body[: int(headers["content-length"])])["error"]
+    assert (error["type"], error["code"]) == ("authentication_error", "invalid_api_key")
+
+    passed = httpx.get(
+        f"{service.base_url}/v1/models", headers={**service.headers, "x-request-id": passed_id}
+    )
+    assert passed.status_code == 200
+    deadline = time.monotonic() + 30
+    while not service.log_lines(passed_id) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert service.log_lines(passed_id), "the ingress logged no request: the check sees nothing"
+    assert not service.log_lines(refused_id)
 
 
 def test_request_id_from_the_client_is_kept_in_errors_and_headers(client):

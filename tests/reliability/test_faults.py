@@ -188,18 +188,6 @@ def test_killing_the_only_generator_under_load_ends_cleanly_then_recovers(servic
     assert processes.replica_pids(service.pid, "Generator") not in ([], [generator])
 
 
-def engine_log_lines(service, needle: str) -> list[str]:
-    """Lines holding `needle` in the logs of the service's own Ray instance."""
-    logs = service.running.ray_tmpdir / "ray" / "session_latest" / "logs"
-    found = []
-    for path in logs.rglob("*"):
-        if path.is_file() and path.suffix in (".log", ".err", ".out"):
-            with contextlib.suppress(OSError):
-                found += [line for line in path.read_text(errors="replace").splitlines()
-                          if needle in line]  # fmt: skip
-    return found
-
-
 def test_a_client_that_leaves_mid_answer_has_its_request_aborted_in_vllm(service):
     body = {"question": QUESTIONS[1], "stream": True, "max_tokens": 256}
     with (
@@ -217,7 +205,7 @@ def test_a_client_that_leaves_mid_answer_has_its_request_aborted_in_vllm(service
     # cancellation to the generator replica, and vLLM aborts the request.
     deadline = time.perf_counter() + 60
     while time.perf_counter() < deadline:
-        taken = engine_log_lines(service, f"{request_id}-")  # vLLM's id: ours, a suffix
+        taken = service.log_lines(f"{request_id}-")  # vLLM's id: ours, a suffix
         if any(line.rstrip().endswith("aborted.") for line in taken):
             return
         time.sleep(1)
