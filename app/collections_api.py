@@ -13,7 +13,7 @@ from typing import Any, Protocol
 from fastapi import FastAPI, Query, Request
 from fastapi.params import Depends
 from pydantic import ValidationError
-from starlette.datastructures import UploadFile
+from starlette.datastructures import FormData, UploadFile
 
 from app.collection_schemas import (
     AddDocumentsRequest,
@@ -29,8 +29,15 @@ from app.guard import grant_of
 from app.keys import check_read, check_write
 from pipeline.messages import StageError
 
-# (file name, content, content type) of one uploaded file.
-UploadedFile = tuple[str, bytes, str | None]
+
+class FileReader(Protocol):
+    """An uploaded file's bytes, read in pieces (Starlette's UploadFile, spooled to disk)."""
+
+    async def read(self, size: int = -1) -> bytes: ...
+
+
+# (file name, its bytes, content type) of one uploaded file.
+UploadedFile = tuple[str, FileReader, str | None]
 DOCUMENTS_PATH = "/v1/collections/{name}/documents"
 
 
@@ -106,14 +113,15 @@ async def _delete_collection(name: str, request: Request) -> Any:
 async def _add_documents(name: str, request: Request) -> Any:
     """JSON `{documents: [{id, title, text}]}`, or multipart files (.txt, .md, .html, .pdf,
     .json, .jsonl), in any form field."""
-    content_type = request.headers.get("content-type", "")
-    records: list[dict[str, Any]] = []
-    files: list[UploadedFile] = []
-    if content_type.startswith("multipart/form-data"):
-        files = await _uploaded_files(request)
-    else:
-        records = await _json_records(request)
-    submitted = await _backend(request).submit(name, "add", records, files, [])
+    backend = _backend(request)
+    if not request.headers.get("content-type", "").startswith("multipart/form-data"):
+        submitted = await backend.submit(name, "add", await _json_records(request), [], [])
+        return _answer(request, submitted)
+    form = await request.form()  # each file spooled to a temporary file past 1 MiB
+    try:
+        submitted = await backend.submit(name, "add", [], _uploaded_files(form), [])
+    finally:
+        await form.close()
     return _answer(request, submitted)
 
 
@@ -158,20 +166,16 @@ async def _json_records(request: Request) -> list[dict[str, Any]]:
     return [document.model_dump() for document in body.documents]
 
 
-async def _uploaded_files(request: Request) -> list[UploadedFile]:
-    form = await request.form()
+def _uploaded_files(form: FormData) -> list[UploadedFile]:
     files: list[UploadedFile] = []
-    try:
-        for field, value in form.multi_items():
-            if not isinstance(value, UploadFile):
-                raise bad_request(
-                    f"form field {field!r} is not a file: send documents as files, or as "
-                    "JSON {documents: [...]}",
-                    param=field,
-                )
-            files.append((value.filename or field, await value.read(), value.content_type))
-    finally:
-        await form.close()
+    for field, value in form.multi_items():
+        if not isinstance(value, UploadFile):
+            raise bad_request(
+                f"form field {field!r} is not a file: send documents as files, or as "
+                "JSON {documents: [...]}",
+                param=field,
+            )
+        files.append((value.filename or field, value, value.content_type))
     if not files:
         raise bad_request("the form holds no files", param="files")
     return files

@@ -44,10 +44,10 @@ JobAction = Literal["add", "delete"]
 
 @dataclass(frozen=True)
 class Upload:
-    """One uploaded file, as the HTTP layer received it."""
+    """One uploaded file, in the writer's spool (corpus.spool) until its job ends."""
 
     filename: str
-    content: bytes
+    path: Path
     content_type: str | None = None
 
 
@@ -223,7 +223,7 @@ class Ingestor:
         for where, source in sources:
             try:
                 read = (
-                    self._parse(source.filename, source.content, source.content_type)
+                    self._parse(source.filename, _content(source), source.content_type)
                     if isinstance(source, Upload)
                     else documents_from_records([source], where=where)
                 )
@@ -282,3 +282,12 @@ class Ingestor:
             build.num_chunks,
             build.embedded_chunks,
         )
+
+
+def _content(upload: Upload) -> bytes:
+    """The uploaded file's bytes, read when its job parses it (one file at a time)."""
+    try:
+        return upload.path.read_bytes()
+    except OSError:
+        message = f"{upload.filename}: the uploaded file was lost before it was read"
+        raise DocumentError(message) from None

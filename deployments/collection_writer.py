@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 from app.config import RagAppConfig
@@ -27,9 +28,10 @@ from corpus.collection_store import (
     InvalidCollectionName,
     WriterBusy,
 )
-from corpus.ingestion import Ingestor, JobBook, JobInput, JobRecord
+from corpus.ingestion import Ingestor, JobBook, JobInput, JobRecord, Upload
 from corpus.job_thread import job_executor
 from corpus.parse_worker import MIB, BoundedParser, ParseLimits
+from corpus.spool import SPOOL_DIR, SpooledUpload, SpoolError, UploadSpool, UploadTooLarge
 from deployments.collection_metrics import IngestionMetrics
 from pipeline.config_base import PROJECT_ROOT, resolve_path
 from pipeline.log import get_logger
@@ -76,6 +78,8 @@ class CollectionWriterDeployment:
         with self._store.writer(timeout_s=settings.writer_lock_timeout_s):
             leftovers = self._store.recover()
             self._jobs = JobBook(root, keep=settings.jobs_kept)
+            # Uploads of jobs that died with the last writer go with them.
+            self._spool = UploadSpool(root / SPOOL_DIR, settings.max_upload_bytes)
             failed = self._jobs.fail_unfinished(
                 "the writer restarted before the job finished; the collection serves its "
                 "last published version"
@@ -137,30 +141,59 @@ class CollectionWriterDeployment:
         page = documents[offset : offset + limit]
         return {"object": "list", "data": page, "total": len(documents), "offset": offset}
 
-    async def submit(self, name: str, action: str, work: JobInput) -> dict[str, Any] | StageError:
-        """Queue a job that adds (or replaces) and deletes documents: the job, queued."""
-        if name == DEFAULT_COLLECTION:
-            return _read_only()
+    async def begin_upload(self, name: str) -> str | StageError:
+        """A new, empty file in the spool for a document of collection `name`: its id."""
+        refused = self._refusal(name)
+        return refused if refused is not None else self._spool.begin()
+
+    async def append_upload(self, upload_id: str, piece: bytes) -> StageError | None:
+        """The next piece of an upload begun with begin_upload."""
         try:
-            exists = self._store.exists(name)
-        except InvalidCollectionName:
-            exists = False
-        if not exists:
-            return _not_found(name)
-        if work.size == 0:
-            return StageError(400, "no documents were sent", param="documents")
-        if work.size > self._settings.max_documents_per_request:
+            await asyncio.to_thread(self._spool.append, upload_id, piece)
+        except UploadTooLarge as exc:
+            return StageError(413, str(exc), code="request_too_large")
+        except SpoolError as exc:
+            return _upload_lost(exc)
+        return None
+
+    async def discard_upload(self, upload_id: str) -> None:
+        self._spool.discard(upload_id)
+
+    async def submit(
+        self, name: str, action: str, work: JobInput, uploads: tuple[SpooledUpload, ...] = ()
+    ) -> dict[str, Any] | StageError:
+        """Queue a job that adds (or replaces) and deletes documents: the job, queued.
+        `uploads` are files streamed to the spool (begin_upload, append_upload); the job
+        owns them from here, and a refused submission removes them."""
+        refused = self._refusal(name)
+        size = work.size + len(uploads)
+        if refused is None and size == 0:
+            refused = StageError(400, "no documents were sent", param="documents")
+        if refused is None and size > self._settings.max_documents_per_request:
             limit = self._settings.max_documents_per_request
-            return StageError(400, f"at most {limit} documents per request", param="documents")
-        if self._queue.full():
-            return StageError(
+            refused = StageError(400, f"at most {limit} documents per request", param="documents")
+        if refused is None and self._queue.full():
+            refused = StageError(
                 503,
                 f"the writer has {self._queue.qsize()} jobs queued; retry shortly",
                 "service_unavailable",
                 code="overloaded",
             )
+        files: list[Upload] = []
+        try:
+            if refused is None:
+                for upload in uploads:
+                    path = self._spool.claim(upload.upload_id)
+                    files.append(Upload(upload.filename, path, upload.content_type))
+        except SpoolError as exc:
+            refused = _upload_lost(exc)
+        if refused is not None:
+            self._spool.release([file.path for file in files])
+            for upload in uploads:
+                self._spool.discard(upload.upload_id)
+            return refused
         job = self._jobs.new(name, "delete" if action == "delete" else "add")
-        self._queue.put_nowait((job, work))
+        self._queue.put_nowait((job, replace(work, files=(*work.files, *files))))
         self._ensure_worker()
         return job.to_dict()
 
@@ -197,7 +230,20 @@ class CollectionWriterDeployment:
             self._queue.task_done()
 
     def _run_job(self, job: JobRecord, work: JobInput) -> None:
-        self._ingestor.run(job, work, self._progress_saver())
+        try:
+            self._ingestor.run(job, work, self._progress_saver())
+        finally:
+            self._spool.release([file.path for file in work.files])
+
+    def _refusal(self, name: str) -> StageError | None:
+        """Why documents cannot be added to `name` (read-only, no such collection), or None."""
+        if name == DEFAULT_COLLECTION:
+            return _read_only()
+        try:
+            exists = self._store.exists(name)
+        except InvalidCollectionName:
+            exists = False
+        return None if exists else _not_found(name)
 
     def _progress_saver(self) -> Callable[[JobRecord], None]:
         last_saved = 0.0
@@ -235,6 +281,15 @@ class CollectionWriterDeployment:
 def _not_found(name: str) -> StageError:
     return StageError(
         404, f"collection {name!r} does not exist", "not_found_error", code="collection_not_found"
+    )
+
+
+def _upload_lost(exc: SpoolError) -> StageError:
+    return StageError(
+        503,
+        f"{exc}: the writer may have restarted; send the documents again",
+        "service_unavailable",
+        code="writer_unavailable",
     )
 
 

@@ -22,6 +22,8 @@ import pytest
 from crafted_pdfs import slow_pdf
 from services import PARSE_TIMEOUT_S, SECOND_KEY
 
+from corpus.spool import SPOOL_DIR
+
 pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -256,6 +258,29 @@ def test_uploaded_files_become_documents_and_unreadable_ones_are_reported(client
     assert answer["sources"][0]["id"].startswith("lantern-festival#")
     answer = query(client, "uploads", "What is the name of the kelp harvesting barge?")
     assert answer["sources"][0]["id"].startswith("kelp-farms#")
+
+
+def test_a_file_of_several_pieces_arrives_whole_and_leaves_nothing_in_the_spool(service, client):
+    # 2.5 MiB of script (hidden text) with the one visible sentence after it: the file crosses
+    # to the writer in three pieces (deployments.collection_handles), and the sentence is
+    # found only if the last piece arrived in order. The job removes its spooled file.
+    create(client, "pieces")
+    script = "<script>" + "var x = 0;\n" * (5 * (1 << 20) // 22) + "</script>"
+    page = f"<html><body>{script}<p>The glass bridge of Omberlin sings at dawn.</p></body></html>"
+
+    response = client.post(
+        "/v1/collections/pieces/documents",
+        files=[("files", ("glass-bridge.html", page.encode(), "text/html"))],
+    )
+
+    assert response.status_code == 202, response.text
+    assert len(page) > 2 * (1 << 20)
+    job = finished(client, response.json())
+    assert job["status"] == "succeeded" and job["counts"]["added"] == 1, job
+    answer = query(client, "pieces", "What sings at dawn in Omberlin?")
+    assert answer["sources"][0]["id"].startswith("glass-bridge#")
+    spool = Path(service.config["collections"]["root"]) / SPOOL_DIR
+    assert spool.is_dir() and list(spool.iterdir()) == []
 
 
 def test_a_pdf_that_keeps_the_parser_busy_fails_alone_and_other_jobs_go_on(client):

@@ -54,7 +54,8 @@ class FakeCollections:
         return self._answer("documents", name, offset, limit, default=default)
 
     async def submit(self, name, action, records, files, deletes):
-        return self._answer("submit", name, action, records, files, deletes, default=JOB)
+        read = [(filename, await reader.read(), kind) for filename, reader, kind in files]
+        return self._answer("submit", name, action, records, read, deletes, default=JOB)
 
     async def job(self, job_id):
         return self._answer("job", job_id, default=JOB | {"id": job_id})

@@ -47,6 +47,19 @@ def jobs(store) -> JobBook:
     return JobBook(store.root)
 
 
+@pytest.fixture
+def upload(tmp_path: Path):
+    """An uploaded file as the writer's spool holds it: its bytes on disk."""
+
+    def spooled(filename: str, content: bytes) -> Upload:
+        path = tmp_path / "spool" / filename
+        path.parent.mkdir(exist_ok=True)
+        path.write_bytes(content)
+        return Upload(filename, path)
+
+    return spooled
+
+
 def run(ingestor: Ingestor, jobs: JobBook, work: JobInput, collection: str = "docs"):
     job = jobs.new(collection, "delete" if work.deletes else "add")
     ingestor.run(job, work, jobs.save)
@@ -66,10 +79,10 @@ def test_an_add_publishes_a_version_and_the_job_says_what_it_did(ingestor, jobs,
     assert job.started_at <= job.finished_at
 
 
-def test_unreadable_documents_are_reported_and_the_rest_published(ingestor, jobs):
+def test_unreadable_documents_are_reported_and_the_rest_published(ingestor, jobs, upload):
     work = JobInput(
         records=(*FACTS, {"id": "empty", "text": "  "}, {"id": "bees", "text": "Again."}),
-        files=(Upload("notes.md", b"# Notes\nKept."), Upload("x.exe", b"MZ")),
+        files=(upload("notes.md", b"# Notes\nKept."), upload("x.exe", b"MZ")),
     )
 
     job = run(ingestor, jobs, work)
@@ -80,10 +93,10 @@ def test_unreadable_documents_are_reported_and_the_rest_published(ingestor, jobs
     assert "more than once" in job.errors[1]["message"]
 
 
-def test_a_pdf_that_keeps_the_parser_busy_fails_alone_and_the_job_goes_on(store, jobs):
+def test_a_pdf_that_keeps_the_parser_busy_fails_alone_and_the_job_goes_on(store, jobs, upload):
     parse = BoundedParser(ParseLimits(timeout_s=1))
     ingestor = Ingestor(store, HashEmbedder(), MODEL, ChunkingParams(32, 4), parse=parse)
-    work = JobInput(files=(Upload("slow.pdf", slow_pdf()), Upload("notes.md", b"# Notes\nKept.")))
+    work = JobInput(files=(upload("slow.pdf", slow_pdf()), upload("notes.md", b"# Notes\nKept.")))
 
     job = run(ingestor, jobs, work)
 
@@ -94,8 +107,8 @@ def test_a_pdf_that_keeps_the_parser_busy_fails_alone_and_the_job_goes_on(store,
     ]  # fmt: skip
 
 
-def test_a_job_with_nothing_readable_fails_and_publishes_nothing(ingestor, jobs, store):
-    job = run(ingestor, jobs, JobInput(files=(Upload("x.exe", b"MZ"),)))
+def test_a_job_with_nothing_readable_fails_and_publishes_nothing(ingestor, jobs, store, upload):
+    job = run(ingestor, jobs, JobInput(files=(upload("x.exe", b"MZ"),)))
 
     assert job.status == "failed"
     assert job.errors[-1]["message"] == "no document could be read"
