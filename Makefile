@@ -19,7 +19,7 @@ export RAY_USAGE_STATS_ENABLED := 0
 # Serve's proxy checks the API key before it reads a body (app/proxy_guard.py).
 export RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH := app.proxy_guard.middlewares
 
-.PHONY: setup install models models-qwen models-qwen15 models-quantized bench-quantization index browser prometheus monitor dashboard kuberay-manifest advise gpu-costs gpu-smoke run test lint unit integration reliability chaos bench bench-reuse bench-prefix bench-speculative bench-quick eval eval-quick eval-default eval-chat stop clean
+.PHONY: setup install models models-qwen models-qwen15 models-quantized bench-quantization index browser prometheus monitor dashboard kuberay-manifest advise gpu-costs gpu-smoke run test lint unit integration reliability chaos bench bench-reuse bench-prefix bench-quick eval eval-quick eval-default eval-chat stop clean
 
 setup: install models index
 
@@ -190,7 +190,6 @@ bench: setup models-qwen models-qwen15
 	$(BIN)/python -m bench.suite --plan qwen --out bench-results/qwen
 	$(BIN)/python -m bench.suite --plan spec --out bench-results/spec
 	$(MAKE) bench-prefix
-	$(MAKE) bench-speculative
 
 # The prefix cache's TTFT on 40 random SQuAD questions (about 20 minutes here): four fresh
 # services, cache off, on, on, off, so drift falls on both sides alike; then the paired ratios.
@@ -208,23 +207,6 @@ bench-prefix: setup
 	$(BIN)/python -m bench.suite --plan prefix-on --out bench-results/prefix/on-2
 	$(BIN)/python -m bench.suite --plan prefix-off --out bench-results/prefix/off-2
 	$(BIN)/python -m bench.quality_report prefix bench-results/prefix
-
-# Draft-model speculative decoding (about an hour here): the 0.5B drafting for the 1.5B in
-# vLLM at concurrency 1 and 8 on 32 SQuAD prompts a point, the variants alternating in
-# blocks of 16 (plain, draft, draft, plain) so drift does not favour one; then transformers'
-# assisted generate against plain generate on 30 SQuAD prompts, alternating per prompt,
-# 32 new tokens each (about 25 minutes: HF generate of the 1.5B is slow here).
-SPECULATIVE_VLLM = VLLM_CPU_OMP_THREADS_BIND=0-1 $(BIN)/python -m bench.speculative vllm \
-	--questions squad --n 16 --n8 16 --out bench-results/speculative
-bench-speculative: setup models-qwen models-qwen15
-	$(BIN)/python -m bench.quality prepare
-	$(SPECULATIVE_VLLM) --variant plain --block 0
-	$(SPECULATIVE_VLLM) --variant draft --block 0
-	$(SPECULATIVE_VLLM) --variant draft --block 1
-	$(SPECULATIVE_VLLM) --variant plain --block 1
-	$(BIN)/python -m bench.speculative hf --questions squad --n 30 --top-k 2 \
-		--max-new-tokens 32 --out bench-results/speculative
-	$(BIN)/python -m bench.speculative report --out bench-results/speculative
 
 # Quantized readers against fp32 (docs/quantization.md): per reader, speed in blocks that
 # alternate (fp32, int8, int4, bf16, then back) at concurrency 1 and 8, then answers to 200

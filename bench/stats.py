@@ -389,15 +389,6 @@ def paired_difference(
     return paired_ci([a for a, _ in kept], [b for _, b in kept], stat=stat)
 
 
-def ratio_verdict(interval: Interval | None, below: str = "lower", above: str = "higher") -> str:
-    """What a ratio's interval says: `below` or `above` 1, else no detectable difference."""
-    if interval is None:
-        return "no interval"
-    if interval.contains(1.0):
-        return NO_DIFFERENCE
-    return below if interval.high < 1.0 else above
-
-
 def difference_verdict(interval: Interval | None) -> str:
     """ "higher" or "lower" when a difference's interval excludes 0, else NO_DIFFERENCE
     (also when there was nothing to compare)."""
