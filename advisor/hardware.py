@@ -52,8 +52,8 @@ class GpuSpec:
         """The tensor-core rate the matmuls of `quantization` run at. fp8 and int8 are W8A8
         (vLLM quantizes the activations too), so they run on the 8-bit tensor cores where
         there are some: on an H200, FP8 took 0.51x the bf16 time on a 4,096-token layer
-        (docs/gpu-profile.md). The 4-bit formats (AWQ, GPTQ, int4) are W4A16: their kernels
-        dequantize to bf16 and run at the 16-bit rate."""
+        (docs/retired.md, the retired bench.gpu_matmul). The 4-bit formats (AWQ, GPTQ,
+        int4) are W4A16: their kernels dequantize to bf16 and run at the 16-bit rate."""
         eight_bit = {"fp8": self.peak_fp8_flops_per_s, "int8": self.peak_int8_ops_per_s}
         return eight_bit.get(quantization) or self.peak_flops_per_s
 

@@ -5,8 +5,7 @@ Shared pieces: `client` (the one blocking HTTP client), `loadgen` (streaming loa
 `tables` (the one Markdown renderer), `labs` (starting service variants, the labs'
 command-line frame). Live labs: `suite` (latency and quality plans), `quality` and
 `quality_report`, `reuse`, `context_sweep`, `conversation`, `citations`,
-`chaos`, `upload_flood`, `refusal`, `parse_cost`, and on a GPU `gpu_smoke` and
-`gpu_matmul`. Answered experiments are retired: docs/retired.md names the commits that
-run them. The bottleneck advisor is a tool of its own (`advisor/`); nothing outside
-bench imports bench.
+`chaos`, `upload_flood`, `refusal`, `parse_cost`, and on a GPU `gpu_smoke`. Answered
+experiments are retired: docs/retired.md names the commits that run them. The bottleneck
+advisor is a tool of its own (`advisor/`); nothing outside bench imports bench.
 """
