@@ -1,7 +1,7 @@
-"""What the labs share: the command-line frame of the conversation and citation labs, and
-the one way every lab starts a service.
+"""What the labs share: the command-line frame of the conversation lab, and the one way
+every lab starts a service.
 
-- `add_request_arguments` / `main_of`: the request options both take, and the command
+- `add_request_arguments` / `main_of`: the request options it takes, and the command
   line's frame: logging, the one place errors become a message and exit status 1, and
   the written paths printed.
 - `started_now` / `document`: the run's clock, and the JSON document every lab writes
