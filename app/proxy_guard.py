@@ -1,4 +1,5 @@
-"""The API-key check inside Ray Serve's HTTP proxy, before the proxy reads a body byte.
+"""What runs inside Ray Serve's HTTP proxy: the API-key check, before the proxy reads a
+body byte, and Serve's own failures in the API's error shape (app.proxy_errors).
 
 Serve's proxy reads each request's body from the client as it arrives and queues it for the
 replica, whether or not the replica ever asks for it; the ingress's RequestGuard refuses a
@@ -35,6 +36,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from app.errors import invalid_api_key
 from app.guard import request_header, send_refusal
+from app.proxy_errors import ProxyErrorShape
 from app.settings import Settings, load_settings
 
 logger = logging.getLogger(__name__)
@@ -45,8 +47,10 @@ KEY_FILE_CHECK_S = 1.0  # how often the key file's modification time is looked a
 
 
 def middlewares() -> list[Middleware]:
-    """What Serve's proxy calls (PROXY_CALLBACK_ENV): the middlewares it wraps itself in."""
-    return [Middleware(ProxyKeyCheck)]
+    """What Serve's proxy calls (PROXY_CALLBACK_ENV): the middlewares it wraps itself in,
+    outermost first: Serve's own failures in the API's error shape (app.proxy_errors),
+    then the key check."""
+    return [Middleware(ProxyErrorShape), Middleware(ProxyKeyCheck)]
 
 
 class ProxyKeyCheck:

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
+import socket
 import threading
 import time
 
@@ -210,3 +212,38 @@ def test_a_client_that_leaves_mid_answer_has_its_request_aborted_in_vllm(service
             return
         time.sleep(1)
     pytest.fail(f"vLLM never logged request {request_id} aborted; its lines: {taken[-5:]}")
+
+
+HALF_A_BODY = b'--x\r\nContent-Disposition: form-data; name="files"; filename="a.txt"\r\n\r\nhal'
+
+
+def test_an_ingress_replica_killed_under_a_request_is_answered_in_the_api_error_shape(service):
+    # An upload whose body stops half way holds the request in the ingress (it waits for the
+    # rest), so the kill lands under it without a race. Serve's proxy then has no answer
+    # (it sends nothing when the replica dies); app.proxy_errors answers 503 in the API's
+    # error shape with Retry-After, and Serve replaces the ingress.
+    [ingress] = processes.replica_pids(service.pid, "RagIngress")
+    url = httpx.URL(service.base_url)
+    with socket.create_connection((url.host, url.port), timeout=120) as connection:
+        connection.sendall(
+            b"POST /v1/collections/notes/documents HTTP/1.1\r\nHost: rag\r\n"
+            b"Authorization: Bearer " + service.api_key.encode() + b"\r\n"
+            b"Content-Type: multipart/form-data; boundary=x\r\nTransfer-Encoding: chunked\r\n"
+            b"\r\n" + f"{len(HALF_A_BODY):x}\r\n".encode() + HALF_A_BODY + b"\r\n"
+        )
+        time.sleep(2)  # the request reaches the ingress and waits there for its body
+        processes.kill(ingress)
+        reply = b""
+        while chunk := connection.recv(65536):
+            reply += chunk
+            if b"\r\n\r\n" in reply and b"}}" in reply:
+                break
+    head, _, body = reply.partition(b"\r\n\r\n")
+    status_line, *header_lines = head.decode("latin-1").split("\r\n")
+    headers = {name.lower(): value.strip() for name, _, value in
+               (line.partition(":") for line in header_lines)}  # fmt: skip
+    assert status_line.split()[1] == "503", reply[:500]
+    assert headers["content-type"] == "application/json" and "retry-after" in headers
+    error = json.loads(body[: int(headers["content-length"])])["error"]
+    assert (error["type"], error["code"]) == ("service_unavailable", "ingress_unavailable")
+    assert ingress not in processes.replica_pids(service.pid, "RagIngress")

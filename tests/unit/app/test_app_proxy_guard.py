@@ -107,4 +107,4 @@ def test_a_key_added_to_the_key_file_is_taken_without_a_restart_and_a_broken_fil
 def test_serve_accepts_what_the_callback_returns():
     http_util = pytest.importorskip("ray.serve._private.http_util")
 
-    assert len(http_util.validate_http_proxy_callback_return(middlewares())) == 1
+    assert len(http_util.validate_http_proxy_callback_return(middlewares())) == 2
