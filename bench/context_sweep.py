@@ -48,6 +48,7 @@ from typing import Any
 import httpx
 import numpy as np
 
+from bench.client import QueryOutcome, post_query, with_client
 from bench.labs import variant_service
 from bench.squad import DEFAULT_CACHE_DIR, SQUAD_DEV_FILENAME, load_squad, sample_questions
 from bench.stats import (
@@ -68,6 +69,8 @@ from retrieval.models import DEFAULT_EMBEDDING_MODEL
 logger = logging.getLogger(__name__)
 
 POLICIES = ("never", "always", "auto")
+# The client waits as long as the service is told to (ingress.request_timeout_s below).
+REQUEST_TIMEOUT_S = 900.0
 
 
 @dataclass(frozen=True)
@@ -170,27 +173,26 @@ def request_body(request: SweepRequest, method: str, rate: float, max_tokens: in
     }
 
 
-def record_from_response(request: SweepRequest, status: int, body: dict) -> SweepRecord:
-    if status != 200:
-        error = body.get("error", {}) if isinstance(body, dict) else {}
-        return SweepRecord(request, ok=False, error=f"{status}: {error.get('message', body)}")
-    usage = body["usage"]
-    timings = body["timings_ms"]
-    decision = body.get("compression_decision") or {}
+def record_from_outcome(request: SweepRequest, outcome: QueryOutcome) -> SweepRecord:
+    """The record of one request: its figures, or the error bench.client recorded."""
+    reply = outcome.reply
+    if reply is None:
+        return SweepRecord(request, ok=False, error=outcome.error)
+    usage, timings, decision = reply.usage, reply.timings_ms, reply.compression_decision
     return SweepRecord(
         request,
         ok=True,
-        ttft_ms=timings["ttft"],
-        compress_ms=timings["compress"],
-        retrieve_ms=timings["retrieve"],
-        prompt_tokens=usage["prompt_tokens"],
-        cached_prompt_tokens=usage["cached_prompt_tokens"],
-        context_tokens_before=usage["context_tokens_before"],
-        context_tokens_after=usage["context_tokens_after"],
-        chunks=len(body.get("sources") or []),
-        method_applied=body["compression_method"],
-        predicted_saving_ms=decision.get("predicted_saving_ms"),
-        predicted_cost_ms=decision.get("predicted_cost_ms"),
+        ttft_ms=timings.ttft,
+        compress_ms=timings.compress,
+        retrieve_ms=timings.retrieve,
+        prompt_tokens=usage.prompt_tokens,
+        cached_prompt_tokens=usage.cached_prompt_tokens,
+        context_tokens_before=usage.context_tokens_before,
+        context_tokens_after=usage.context_tokens_after,
+        chunks=len(reply.sources),
+        method_applied=reply.compression_method,
+        predicted_saving_ms=decision.predicted_saving_ms if decision else None,
+        predicted_cost_ms=decision.predicted_cost_ms if decision else None,
     )
 
 
@@ -578,15 +580,21 @@ class TopKPlanner:
 
 
 def run_phase(
-    url: str, requests: Sequence[SweepRequest], method: str, rate: float, max_tokens: int
+    url: str,
+    requests: Sequence[SweepRequest],
+    method: str,
+    rate: float,
+    max_tokens: int,
+    client: httpx.Client | None = None,
 ) -> list[SweepRecord]:
-    records = []
-    with httpx.Client(base_url=url, timeout=900, trust_env=False) as client:
+    """Send `requests` one at a time (bench.client), a record per request; a failed request
+    is recorded with its error, not raised."""
+
+    def send_all(http: httpx.Client) -> list[SweepRecord]:
+        records = []
         for request in requests:
-            response = client.post(
-                "/v1/rag/query", json=request_body(request, method, rate, max_tokens)
-            )
-            record = record_from_response(request, response.status_code, response.json())
+            body = request_body(request, method, rate, max_tokens)
+            record = record_from_outcome(request, post_query(http, body, REQUEST_TIMEOUT_S))
             logger.info(
                 "%s %5d %-6s k=%-2d -> %s ttft=%s compress=%s tokens %s->%s",
                 request.phase, request.length, request.policy, request.top_k,
@@ -594,7 +602,9 @@ def run_phase(
                 record.context_tokens_before, record.context_tokens_after,
             )  # fmt: skip
             records.append(record)
-    return records
+        return records
+
+    return with_client(url, REQUEST_TIMEOUT_S, client, send_all)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -635,7 +645,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "retriever.index_path": args.index,
         "retriever.max_top_k": 64,
         "generator.max_model_len": args.max_model_len,
-        "ingress.request_timeout_s": 900,
+        "ingress.request_timeout_s": REQUEST_TIMEOUT_S,
         # The compressor's own cost is what is measured: the shipped timeout (20 s) would
         # send a slow LLMLingua call on uncompressed and count the wait as prefill.
         "compression.timeout_s": 600,

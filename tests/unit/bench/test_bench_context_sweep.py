@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+
+import httpx
 import pytest
 
 from bench.context_sweep import (
@@ -14,9 +17,9 @@ from bench.context_sweep import (
     fit_prefill,
     oracle_rows,
     plan_requests,
-    record_from_response,
     render_oracle,
     request_body,
+    run_phase,
     summarize,
     summarize_oracle,
     top_k_for_length,
@@ -75,8 +78,17 @@ def test_request_bodies_per_policy():
     assert auto["max_tokens"] == 8
 
 
-def test_a_response_becomes_a_record_and_an_error_keeps_its_message():
-    body = {
+def test_a_reply_becomes_a_record_and_an_error_keeps_the_services_message():
+    reply = {
+        "id": "r1",
+        "answer": "An answer.",
+        "sources": [
+            {"id": "a", "doc_id": "d1", "title": "A", "score": 0.9},
+            {"id": "b", "doc_id": "d2", "title": "B", "score": 0.8},
+        ],
+        "context_truncated": False,
+        "finish_reason": "length",
+        "tpot_ms": 110.0,
         "usage": {
             "prompt_tokens": 1300,
             "cached_prompt_tokens": 256,
@@ -92,19 +104,28 @@ def test_a_response_becomes_a_record_and_an_error_keeps_its_message():
             "predicted_saving_ms": 4000.0,
             "predicted_cost_ms": 3100.0,
         },
-        "sources": [{"id": "a"}, {"id": "b"}],
     }
-    record = record_from_response(_request("auto"), 200, body)
+    sent: list[dict] = []
 
+    def service(request: httpx.Request) -> httpx.Response:
+        sent.append(json.loads(request.content))
+        if len(sent) == 1:
+            return httpx.Response(200, json=reply)
+        return httpx.Response(400, json={"error": {"message": "too long"}})
+
+    client = httpx.Client(base_url="http://s.test", transport=httpx.MockTransport(service))
+    requests = [_request("auto"), _request("never")]
+    record, failed = run_phase("http://s.test", requests, "llmlingua", 0.5, 8, client=client)
+
+    assert sent == [request_body(r, "llmlingua", 0.5, 8) for r in requests]
     assert record.ok
     assert record.uncached_prompt_tokens == 1044
     assert record.prefill_ms == pytest.approx(5980.0)
     assert record.chunks == 2
+    assert record.method_applied == "llmlingua"
     assert record.predicted_cost_ms == 3100.0
-
-    failed = record_from_response(_request("auto"), 400, {"error": {"message": "too long"}})
     assert not failed.ok
-    assert failed.error == "400: too long"
+    assert failed.error == "HTTP 400: too long"
 
 
 def test_prefill_fit_recovers_a_known_curve_and_drops_the_intercept():
