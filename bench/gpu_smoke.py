@@ -52,6 +52,7 @@ from advisor.hardware import GPUS, MODELS, WEIGHT_BYTES_PER_PARAM, gpu_preset, m
 from app.config import RagAppConfig, parse_config
 from bench.loadgen import RequestRecord, RequestSpec, make_client, run_load
 from bench.stats import tpot_ms
+from bench.tables import markdown_table
 from harness.service import ServiceError, started_service
 from pipeline.config_base import PROJECT_ROOT
 from prepare.cost_model import CompressionCostModel
@@ -291,18 +292,14 @@ COLUMNS = (
 
 def format_table(rows: Sequence[ProbeRow]) -> str:
     """The rows as a Markdown table; a failed send shows its error in place of figures."""
-    lines = [
-        "| " + " | ".join(title for title, _ in COLUMNS) + " |",
-        "|" + "---|" * len(COLUMNS),
-    ]
-    for row in rows:
-        if not row.ok:
-            cells = [row.method, str(row.send), f"failed: {row.error}"]
-            cells += [""] * (len(COLUMNS) - len(cells))
-        else:
-            cells = [_cell(getattr(row, field)) for _, field in COLUMNS]
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+    return markdown_table([title for title, _ in COLUMNS], [_cells(row) for row in rows])
+
+
+def _cells(row: ProbeRow) -> list[str]:
+    if not row.ok:
+        cells = [row.method, str(row.send), f"failed: {row.error}"]
+        return cells + [""] * (len(COLUMNS) - len(cells))
+    return [_cell(getattr(row, field)) for _, field in COLUMNS]
 
 
 def _cell(value: object) -> str:

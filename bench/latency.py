@@ -37,7 +37,7 @@ from bench.loadgen import (
     run_load,
 )
 from bench.questions import DEFAULT_QUESTIONS
-from bench.stats import Summary, advisor_figures, markdown_table, summarize
+from bench.stats import Summary, advisor_figures, summarize, summary_markdown
 from prepare.methods import method_names
 
 _LABEL = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]*")
@@ -100,7 +100,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     started_at = datetime.now(UTC).isoformat(timespec="seconds")
     records = asyncio.run(_run(args, specs))
     summary = summarize(records, slo_ttft_ms=args.slo_ttft_ms, slo_tpot_ms=args.slo_tpot_ms)
-    table = markdown_table(summary)
+    table = summary_markdown(summary)
     config = _config(args, label, len(questions), started_at)
     paths = write_outputs(args.out, label, config, records, summary)
     print(f"## {label}\n\n{table}\n")
@@ -165,7 +165,7 @@ def write_outputs(
     }
     paths = [out_dir / f"{label}.json", out_dir / f"{label}.md"]
     paths[0].write_text(json.dumps(result, indent=2) + "\n")
-    paths[1].write_text(f"# {label}\n\n{_config_line(config)}\n\n{markdown_table(summary)}\n")
+    paths[1].write_text(f"# {label}\n\n{_config_line(config)}\n\n{summary_markdown(summary)}\n")
     figures = advisor_figures(summary)
     if figures:
         paths.append(out_dir / f"{label}.advisor.json")

@@ -56,6 +56,7 @@ from bench.engine_runs import (
     utc_now,
 )
 from bench.outputs import positive_int, write_json_and_markdown
+from bench.tables import markdown_table
 
 READERS = {
     "smollm2": Path(".models/smollm2-135m-instruct"),
@@ -362,10 +363,7 @@ def summarize(runs: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def _ratio(d: dict[str, Any] | None) -> str:
-    if d is None:
-        return "-"
-    i = stats.Interval(d["estimate"], d["low"], d["high"], d["n"])
-    return stats.fmt_ratio(i)
+    return "-" if d is None else stats.fmt_ratio(stats.Interval(**d))
 
 
 def _score(d: dict[str, Any] | None) -> str:
@@ -375,50 +373,63 @@ def _score(d: dict[str, Any] | None) -> str:
 def _diff(d: dict[str, Any] | None) -> str:
     if d is None:
         return "-"
-    i = stats.Interval(d["estimate"], d["low"], d["high"], d["n"])
-    return f"{d['estimate']:+.3f} [{d['low']:+.3f}, {d['high']:+.3f}]" + (
-        f" ({stats.NO_DIFFERENCE})" if i.contains(0.0) else "")  # fmt: skip
+    text = f"{d['estimate']:+.3f} [{d['low']:+.3f}, {d['high']:+.3f}]"
+    return text + (f" ({stats.NO_DIFFERENCE})" if stats.Interval(**d).contains(0.0) else "")
 
 
-def markdown(entries: Sequence[dict[str, Any]], command: str) -> str:
-    lines = ["# Quantized readers", "", f"`{command}`; runs and their commands in this folder.",
-             "", CAVEAT, "", "CPU: " + "; ".join(sorted({c for e in entries for c in e["cpu"]})),
-             "", "## Speed and memory (fixed-length answers, prefix caching off)", "",
-             "| reader | style | variant | dtype | checkpoint MB | engine RSS MB | start s | "
-             "C | n | TTFT p50 ms | TPOT p50 ms | TTFT vs fp32 | TPOT vs fp32 | TTFT vs bf16 | "
-             "TPOT vs bf16 |", "|" + "---|" * 15]  # fmt: skip
+SPEED_HEADER = [
+    "reader", "style", "variant", "dtype", "checkpoint MB", "engine RSS MB", "start s", "C", "n",
+    "TTFT p50 ms", "TPOT p50 ms", "TTFT vs fp32", "TPOT vs fp32", "TTFT vs bf16", "TPOT vs bf16",
+]  # fmt: skip
+ANSWERS_HEADER = [
+    "reader", "style", "variant", "n", "F1", "EM", "contains gold", "gold in context",
+    "F1 vs fp32", "EM vs fp32", "contains gold vs fp32",
+]  # fmt: skip
+
+
+def _speed_rows(entries: Sequence[dict[str, Any]]) -> list[list[str]]:
+    """One row per entry and concurrency that ran."""
+    rows = []
     for e in entries:
         for c in (1, 8):
             p = e[f"c{c}"]
-            if not p["n"]:
-                continue
-            lines.append(
-                f"| {e['reader']} | {e['style']} | {e['variant']} | {e['dtype']} | "
-                f"{e['checkpoint_mb']:.0f} | {e['engine_rss_mb']:.0f} | "
-                f"{e['engine_start_s']:.1f} | {c} | {p['n']} | {stats.format_ms(p['ttft_ms_p50'])}"
-                f" | {stats.format_ms(p['tpot_ms_p50'])} | {_ratio(p['ttft_vs_fp32'])} | "
-                f"{_ratio(p['tpot_vs_fp32'])} | {_ratio(p['ttft_vs_bf16'])} | "
-                f"{_ratio(p['tpot_vs_bf16'])} |")  # fmt: skip
-    lines += ["", "Ratios are variant / reference per prompt (median, paired bootstrap 95% CI), "
-              "over the blocks both ran; below 1 is faster.", "",
-              "## Answers (SQuAD dev, concurrency 8, greedy)", "",
-              "| reader | style | variant | n | F1 | EM | contains gold | gold in context | "
-              "F1 vs fp32 | EM vs fp32 | contains gold vs fp32 |",
-              "|" + "---|" * 11]  # fmt: skip
-    for e in entries:
-        q = e.get("quality")
-        if not q:
-            continue
-        lines.append(
-            f"| {e['reader']} | {e['style']} | {e['variant']} | {q['n']} | {_score(q['f1'])} | "
-            f"{_score(q['em'])} | {_score(q['contains_gold'])} | "
-            f"{_score(q['gold_in_context'])} | {_diff(q.get('f1_vs_fp32'))} | "
-            f"{_diff(q.get('em_vs_fp32'))} | {_diff(q.get('contains_gold_vs_fp32'))} |"
-        )
-    lines += ["", "Scores are means with a bootstrap 95% CI; differences are variant - fp32 per "
-              "question (paired). Speed comes from the table above only: the answering runs "
-              "keep their timings in their records, but they may overlap other work."]  # fmt: skip
-    return "\n".join(lines) + "\n"
+            if p["n"]:
+                rows.append([
+                    e["reader"], e["style"], e["variant"], e["dtype"], f"{e['checkpoint_mb']:.0f}",
+                    f"{e['engine_rss_mb']:.0f}", f"{e['engine_start_s']:.1f}", str(c), str(p["n"]),
+                    stats.format_ms(p["ttft_ms_p50"]), stats.format_ms(p["tpot_ms_p50"]),
+                    _ratio(p["ttft_vs_fp32"]), _ratio(p["tpot_vs_fp32"]),
+                    _ratio(p["ttft_vs_bf16"]), _ratio(p["tpot_vs_bf16"]),
+                ])  # fmt: skip
+    return rows
+
+
+def _answer_row(e: dict[str, Any], q: dict[str, Any]) -> list[str]:
+    """An entry's quality run: its scores and their differences from fp32."""
+    return [
+        e["reader"], e["style"], e["variant"], str(q["n"]), _score(q["f1"]), _score(q["em"]),
+        _score(q["contains_gold"]), _score(q["gold_in_context"]), _diff(q.get("f1_vs_fp32")),
+        _diff(q.get("em_vs_fp32")), _diff(q.get("contains_gold_vs_fp32")),
+    ]  # fmt: skip
+
+
+def markdown(entries: Sequence[dict[str, Any]], command: str) -> str:
+    cpus = "; ".join(sorted({c for e in entries for c in e["cpu"]}))
+    return "\n".join([
+        "# Quantized readers", "", f"`{command}`; runs and their commands in this folder.", "",
+        CAVEAT, "", f"CPU: {cpus}", "",
+        "## Speed and memory (fixed-length answers, prefix caching off)", "",
+        markdown_table(SPEED_HEADER, _speed_rows(entries)), "",
+        "Ratios are variant / reference per prompt (median, paired bootstrap 95% CI), over the "
+        "blocks both ran; below 1 is faster.", "",
+        "## Answers (SQuAD dev, concurrency 8, greedy)", "",
+        markdown_table(
+            ANSWERS_HEADER, [_answer_row(e, e["quality"]) for e in entries if e.get("quality")]
+        ), "",
+        "Scores are means with a bootstrap 95% CI; differences are variant - fp32 per question "
+        "(paired). Speed comes from the table above only: the answering runs keep their timings "
+        "in their records, but they may overlap other work.",
+    ]) + "\n"  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -223,7 +223,7 @@ def advisor_figures(summary: Summary) -> dict[str, float]:
     return {key: value for key, value in figures.items() if value is not None and value > 0}
 
 
-def markdown_table(summary: Summary) -> str:
+def summary_markdown(summary: Summary) -> str:
     """The summary as Markdown: a line of counts and rates, then one row per latency."""
     s = summary
     slo = f"TTFT <= {format_ms(s.slo_ttft_ms)} ms, TPOT <= {format_ms(s.slo_tpot_ms)} ms"

@@ -27,7 +27,14 @@ from bench.loadgen import (
     request_body,
     run_load,
 )
-from bench.stats import advisor_figures, markdown_table, meets_slos, percentile, summarize, tpot_ms
+from bench.stats import (
+    advisor_figures,
+    meets_slos,
+    percentile,
+    summarize,
+    summary_markdown,
+    tpot_ms,
+)
 
 # A step of a fake stream: seconds to wait, then the SSE text to send.
 Step = tuple[float, str]
@@ -576,7 +583,7 @@ def test_summary_counts_throughput_goodput_and_distributions():
         "tpot_ms": 50.0,
         "output_tokens_per_s": pytest.approx(63 / 2.4),
     }
-    table = markdown_table(s)
+    table = summary_markdown(s)
     assert "| TTFT | 4 | 300 | 250 |" in table and "| server tpot | 0 | - |" in table
     assert "goodput 0.833 req/s (2 met TTFT <= 500 ms, TPOT <= 50.0 ms)" in table
 
