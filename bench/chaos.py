@@ -42,7 +42,7 @@ import httpx
 
 from app.config import parse_config
 from bench import outcomes, stats
-from bench.client import warm_up
+from bench.client import READY_PATH, ready_replicas, warm_up
 from bench.cluster import NodeSpec, local_cluster
 from bench.loadgen import RequestRecord, RequestSpec, make_client, run_load
 from bench.questions import DEFAULT_QUESTIONS as QUESTIONS
@@ -144,8 +144,7 @@ def wait_replicas(
             if give_up():
                 return None
         try:
-            body = httpx.get(f"{base_url}/readyz", timeout=10).json()
-            replicas = body.get("replicas", {}) if isinstance(body, dict) else {}
+            replicas = ready_replicas(httpx.get(f"{base_url}{READY_PATH}", timeout=10))
             whole = all(replicas.get(stage, 0) >= count for stage, count in want.items())
         except (httpx.HTTPError, ValueError):
             whole = False

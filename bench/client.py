@@ -8,12 +8,15 @@
   outcome's `error` (the service's own message when it sent one), never raised or retried.
 - `warm_up`: the first requests after a start, which pay kernel warm-up (tens of seconds
   on CPU) and must not be timed.
+- `burst`: many requests at once, each on a connection of its own (the refusal and upload
+  floods); `ready_replicas`: the running replicas per stage a /readyz answer reports.
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
@@ -154,6 +157,26 @@ def warm_up(
                 time.sleep(_retry_after_s(response))
             if strict:
                 response.raise_for_status()
+
+
+async def burst(
+    url: str, count: int, timeout_s: float, send: Callable[[httpx.AsyncClient, int], Awaitable[T]]
+) -> list[T]:
+    """`send(client, i)` for i in range(count), all at once, on one client that opens a
+    connection per request and keeps none alive, as `count` separate clients would."""
+    limits = httpx.Limits(max_connections=count, max_keepalive_connections=0)
+    async with httpx.AsyncClient(
+        base_url=url, timeout=timeout_s, limits=limits, trust_env=False
+    ) as client:
+        return list(await asyncio.gather(*(send(client, i) for i in range(count))))
+
+
+def ready_replicas(response: httpx.Response) -> dict[str, int]:
+    """The running replicas per stage of a /readyz answer; {} when it has none (or is not
+    JSON: ValueError)."""
+    body = response.json()
+    replicas = body.get("replicas", {}) if isinstance(body, dict) else {}
+    return replicas if isinstance(replicas, dict) else {}
 
 
 def _retry_after_s(response: httpx.Response, default_s: float = 1.0) -> float:

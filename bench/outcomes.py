@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 
 import httpx
 
+from bench.client import READY_PATH, ready_replicas
 from bench.loadgen import RequestRecord
 from bench.stats import percentile_or_none
 
@@ -111,10 +112,8 @@ async def watch_readiness(
     async with httpx.AsyncClient(base_url=base_url, timeout=5, trust_env=False) as client:
         while True:
             try:
-                response = await client.get("/readyz")
-                body = response.json()
-                status = response.status_code
-                replicas = body.get("replicas", {}) if isinstance(body, dict) else {}
+                response = await client.get(READY_PATH)
+                status, replicas = response.status_code, ready_replicas(response)
             except (httpx.HTTPError, ValueError):
                 status, replicas = None, {}
             log.samples.append((time.perf_counter() - start, status, replicas))

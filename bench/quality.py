@@ -48,7 +48,7 @@ import httpx
 from app.schemas import RagQueryResponse
 from bench import client as service_client
 from bench import quality_report
-from bench.client import post_query, with_client
+from bench.client import auth_headers, post_query, with_client
 from bench.outputs import label, positive_float, positive_int, write_json_and_markdown
 from bench.squad import (
     DEFAULT_CACHE_DIR,
@@ -647,7 +647,7 @@ def run_quality(
     questions = sample_questions(squad, settings.questions, settings.seed)
     points = select_points(settings.sweep, settings.methods)
     check_ready(client, settings.timeout_s)
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else None
+    headers = auth_headers(api_key)
     settings.out_dir.mkdir(parents=True, exist_ok=True)
     checkpoint = checkpoint_path(settings.out_dir, settings.label)
     results = read_checkpoint(checkpoint, points, questions) if settings.resume else []

@@ -28,7 +28,7 @@ from typing import Any
 
 import httpx
 
-from bench.client import warm_up
+from bench.client import QUERY_PATH, auth_headers, burst, warm_up
 from bench.labs import keyed_service, machine, run_name, write_run
 from bench.stats import fmt_interval, interval_dict, one_sample, quantile
 from bench.tables import markdown_table
@@ -37,12 +37,11 @@ QUESTION = "How does prefix caching lower the time to first token?"
 
 
 async def _query(client: httpx.AsyncClient, key: str) -> dict[str, Any]:
+    """One query, timed to its response's headers, with its status and error shape."""
     body = {"question": QUESTION, "max_tokens": 32}
     started = time.perf_counter()
     try:
-        request = client.build_request(
-            "POST", "/v1/rag/query", json=body, headers={"Authorization": f"Bearer {key}"}
-        )
+        request = client.build_request("POST", QUERY_PATH, json=body, headers=auth_headers(key))
         response = await client.send(request, stream=True)
         headers_ms = (time.perf_counter() - started) * 1e3
         content = await response.aread()
@@ -60,14 +59,6 @@ async def _query(client: httpx.AsyncClient, key: str) -> dict[str, Any]:
     return outcome
 
 
-async def burst(base_url: str, key: str, requests: int) -> list[dict[str, Any]]:
-    limits = httpx.Limits(max_connections=requests, max_keepalive_connections=0)
-    async with httpx.AsyncClient(
-        base_url=base_url, timeout=300, limits=limits, trust_env=False
-    ) as client:
-        return list(await asyncio.gather(*(_query(client, key) for _ in range(requests))))
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True)
@@ -78,7 +69,8 @@ def main(argv: list[str] | None = None) -> int:
     with keyed_service(args.out, name, args.env) as (service, key):
         warm_up(service.base_url, (QUESTION,), api_key=key)  # kernel warm-up: not timed
         started = time.perf_counter()
-        outcomes = asyncio.run(burst(service.base_url, key, args.requests))
+        queries = burst(service.base_url, args.requests, 300, lambda c, _: _query(c, key))
+        outcomes = asyncio.run(queries)
         burst_s = time.perf_counter() - started
     statuses = Counter(
         f"{o['status']} {o.get('code') or ''} ({o.get('shape', o.get('error'))})".strip()

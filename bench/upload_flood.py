@@ -33,6 +33,7 @@ from typing import Any
 import httpx
 import psutil
 
+from bench.client import burst
 from bench.labs import keyed_service, machine, run_name, write_run
 from bench.tables import markdown_table
 from harness.processes import replica_pids, titled
@@ -116,13 +117,7 @@ async def _upload(client: httpx.AsyncClient, index: int, size: int, sent: list[i
 
 async def flood(base_url: str, requests: int, size: int) -> list[dict]:
     sent = [0] * requests
-    limits = httpx.Limits(max_connections=requests, max_keepalive_connections=0)
-    async with httpx.AsyncClient(
-        base_url=base_url, timeout=120, limits=limits, trust_env=False
-    ) as client:
-        return list(
-            await asyncio.gather(*(_upload(client, i, size, sent) for i in range(requests)))
-        )
+    return await burst(base_url, requests, 120, lambda client, i: _upload(client, i, size, sent))
 
 
 def summarize(samples: list[tuple[float, dict[str, int]]], flood_from: float, flood_to: float):

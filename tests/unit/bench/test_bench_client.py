@@ -1,8 +1,10 @@
 """bench.client.warm_up: a 503 (an ingress replica that has not seen its stages yet) is
-retried after its Retry-After; other errors are not."""
+retried after its Retry-After; other errors are not. bench.client.burst sends every request
+and keeps their order; ready_replicas reads a /readyz answer."""
 
 from __future__ import annotations
 
+import asyncio
 import http.server
 import threading
 from collections.abc import Iterator
@@ -10,7 +12,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from bench.client import warm_up
+from bench.client import burst, ready_replicas, warm_up
 
 
 class QueryServer:
@@ -71,3 +73,25 @@ def test_other_errors_raise_at_once_and_a_503_past_the_deadline_raises(serve):
     with pytest.raises(httpx.HTTPStatusError):
         warm_up(busy.url, questions=["q"], timeout_s=0.3)
     assert busy.posts >= 1
+
+
+def test_a_burst_sends_every_request_and_answers_in_their_order(serve):
+    server = serve([503])
+
+    async def send(client: httpx.AsyncClient, i: int) -> tuple[int, int]:
+        response = await client.post("/v1/rag/query", json={"question": str(i)})
+        return i, response.status_code
+
+    assert asyncio.run(burst(server.url, 5, 10, send)) == [(i, 503) for i in range(5)]
+    assert server.posts == 5
+
+
+def test_ready_replicas_reads_the_counts_and_nothing_else():
+    def answer(body: object) -> httpx.Response:
+        return httpx.Response(200, json=body)
+
+    assert ready_replicas(answer({"ready": True, "replicas": {"retriever": 2}})) == {"retriever": 2}
+    assert ready_replicas(answer({"ready": False})) == {}
+    assert ready_replicas(answer(["not", "a", "dict"])) == {}
+    with pytest.raises(ValueError):
+        ready_replicas(httpx.Response(200, text="not json"))
