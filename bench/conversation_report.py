@@ -116,7 +116,7 @@ def summarize(rows: Sequence[Row], conditions: Sequence[str], top_k: int) -> Sum
         rewrites = [r for r in rows if r.condition == "rewrite" and r.error is None]
         has_join = "join" in conditions
         cost = RewriteCost(
-            rewrite_ms_p50=one_sample(_present(r.rewrite_ms for r in rewrites), sample_median),
+            rewrite_ms_p50=one_sample((r.rewrite_ms for r in rewrites), sample_median),
             ttft_ms=_difference(answered, rows, "rewrite", "join", "ttft_ms", sample_median)
             if has_join
             else None,
@@ -148,7 +148,7 @@ def _condition(condition: str, rows: Sequence[Row]) -> ConditionSummary:
         requests=len(rows),
         answered=len(ok),
         errors=len(rows) - len(ok),
-        recall=one_sample(_present(r.recall for r in ok), sample_mean),
+        recall=one_sample((r.recall for r in ok), sample_mean),
         mrr=mean(1 / r.gold_rank if r.gold_rank else 0.0 for r in ok),
         applied_modes=dict(Counter(r.applied_mode for r in ok if r.applied_mode)),
         rewrite_fallbacks=sum(_fell_back(r) for r in ok) if condition == "rewrite" else 0,
@@ -181,10 +181,6 @@ def _difference(
     values = [(x, y) for x, y in values if x is not None and y is not None]
     interval = paired_difference(values, stat)
     return Difference(f"{a} − {b}", len(values), interval, difference_verdict(interval))
-
-
-def _present(values: Any) -> list[float]:
-    return [float(v) for v in values if v is not None]
 
 
 # --- Markdown --------------------------------------------------------------------------------

@@ -76,10 +76,6 @@ class SquadSet:
     paragraphs: tuple[SquadParagraph, ...]
     questions: tuple[SquadQuestion, ...]
 
-    def paragraphs_by_id(self) -> dict[str, SquadParagraph]:
-        """Paragraphs keyed by `paragraph_id`, to look up a question's gold context."""
-        return {paragraph.paragraph_id: paragraph for paragraph in self.paragraphs}
-
 
 def fetch_squad_dev(cache_dir: Path, download: SdistDownloader | None = None) -> Path:
     """Return `<cache_dir>/squad-v1.1-dev.json`, extracting it from the bigbench sdist if absent.

@@ -136,7 +136,8 @@ def test_load_squad_reads_paragraphs_and_answerable_questions_in_file_order(tiny
         gold_answers=("Paris", "in Paris"),
         paragraph_id="Eiffel_Tower-0",
     )
-    assert squad.paragraphs_by_id()[squad.questions[2].paragraph_id].context.startswith("Gustave")
+    paragraphs = {paragraph.paragraph_id: paragraph for paragraph in squad.paragraphs}
+    assert paragraphs[squad.questions[2].paragraph_id].context.startswith("Gustave")
 
 
 @pytest.mark.parametrize(
