@@ -42,9 +42,11 @@ from typing import Any, Literal
 
 import httpx
 
+from bench.client import QUERY_PATH, auth_headers
+
 Endpoint = Literal["rag", "chat"]
 ENDPOINTS: tuple[Endpoint, ...] = ("rag", "chat")
-ENDPOINT_PATHS: dict[str, str] = {"rag": "/v1/rag/query", "chat": "/v1/chat/completions"}
+ENDPOINT_PATHS: dict[str, str] = {"rag": QUERY_PATH, "chat": "/v1/chat/completions"}
 DEFAULT_CHAT_MODEL = "smollm2-135m-instruct"
 STAGE_NAMES = ("retrieve", "compress", "queue", "network", "ttft", "total")
 DEFAULT_REQUEST_TIMEOUT_S = 300.0
@@ -196,7 +198,7 @@ def make_client(
     """An async client for the service: the bearer key when given, no connection cap (the
     arrival process decides the load, not the pool), and no proxies from the environment, so
     the timings are of the direct path."""
-    headers = {"authorization": f"Bearer {api_key}"} if api_key else {}
+    headers = auth_headers(api_key)
     return httpx.AsyncClient(
         base_url=base_url,
         headers=headers,
