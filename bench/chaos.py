@@ -411,10 +411,11 @@ def markdown(
 LIMITS = [
     "## What the service cannot make clean, and why",
     "",
-    "- **An ingress replica that dies mid-request.** Its HTTP responses are Serve's proxy's: a "
-    "stream already started is cut (the client sees the connection close), and a request "
-    "not yet answered gets the proxy's plain-text 500. Run two or more ingress replicas, and "
-    "let clients retry connection errors and 5xx.",
+    "- **An ingress replica that dies mid-request.** A stream already started is cut (the "
+    "client sees the connection close: its status was sent); a request not yet answered "
+    "gets 503 `ingress_unavailable` with Retry-After from the middleware in Serve's proxy "
+    "(app/proxy_errors.py; before it, the HTTP server's plain-text 500). Run two or more "
+    "ingress replicas, and let clients retry connection errors and 503s.",
     "- **A node that vanishes.** Requests in flight on its replicas wait until Ray declares "
     "them dead (7 to 17 s in these runs), then get 503 with Retry-After; requests sent "
     "after that are served by the surviving node.",
