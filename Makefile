@@ -19,7 +19,7 @@ export RAY_USAGE_STATS_ENABLED := 0
 # Serve's proxy checks the API key before it reads a body (app/proxy_guard.py).
 export RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH := app.proxy_guard.middlewares
 
-.PHONY: setup install models models-qwen models-qwen15 models-quantized bench-quantization index browser prometheus monitor dashboard kuberay-manifest advise gpu-costs gpu-smoke run test lint unit integration reliability chaos bench bench-reuse bench-prefix bench-quick eval eval-quick eval-default eval-chat stop clean
+.PHONY: setup install models models-qwen models-qwen15 models-quantized bench-quantization index browser prometheus monitor dashboard kuberay-manifest advise gpu-costs gpu-smoke run test lint unit integration reliability chaos bench bench-reuse bench-prefix bench-quick eval eval-quick eval-default stop clean
 
 setup: install models index
 
@@ -257,13 +257,6 @@ eval-default: setup models-qwen15
 	$(BIN)/python -m bench.quality_report run \
 		docs/results/eval-default/squad-default-200q-as-shipped.json \
 		--out docs/results/eval-default/intervals.json
-
-# Conversations (12 minutes of requests here, plus the service's start): follow-up
-# retrieval on 100 SQuAD pairs (full / last / join / rewrite); writes
-# docs/results/conversation. The citation lab it also ran is retired (docs/retired.md).
-eval-chat: setup
-	$(BIN)/python -m bench.quality prepare
-	$(BIN)/python -m bench.conversation all --n 100 --seed 0 --out docs/results/conversation
 
 # Shuts the application down on the running Ray cluster. It never stops the cluster itself
 # (a `ray start` cluster is its owner's to stop); `serve run` stops its own with Ctrl-C.

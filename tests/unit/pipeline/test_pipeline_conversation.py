@@ -92,7 +92,7 @@ def test_read_rewrite_refuses_empty_or_answer_length_replies(reply):
     ],
 )
 def test_read_rewrite_refuses_an_answer_where_a_question_was_asked(reply):
-    # Seen from SmolLM2-135M on SQuAD follow-ups (bench.conversation).
+    # Seen from SmolLM2-135M on SQuAD follow-ups (the retired conversation lab, docs/retired.md).
     assert read_rewrite(reply, "When was he born?") is None
 
 
