@@ -47,16 +47,30 @@ def variant_service(
         yield url
 
 
+# The tests' reader (SmolLM2-135M): starts in seconds, for labs that measure what is in front
+# of the generator, and the reader the stored figures of the older plans were read by.
+SMOLLM2_GENERATOR: dict[str, object] = {
+    "generator.model_id": "smollm2-135m-instruct",
+    "generator.model_source": ".models/smollm2-135m-instruct",
+}
+
+
 @contextmanager
 def keyed_service(
-    out_dir: Path, name: str, env_assignments: Sequence[str]
+    out_dir: Path,
+    name: str,
+    env_assignments: Sequence[str],
+    overrides: Mapping[str, object] | None = None,
 ) -> Iterator[tuple[RunningService, str]]:
-    """serve_config.yaml as shipped, only its port changed, with keys required (a key made
-    for the run) and `env_assignments` (KEY=VALUE) added to `serve run`'s environment; its
-    config and log at `out_dir/<name>.serve.{yaml,log}`. Yields the service and the key."""
+    """serve_config.yaml as shipped, only its port changed (and `overrides`, dotted keys),
+    with keys required (a key made for the run) and `env_assignments` (KEY=VALUE) added to
+    `serve run`'s environment; its config and log at `out_dir/<name>.serve.{yaml,log}`.
+    Yields the service and the key."""
     out_dir.mkdir(parents=True, exist_ok=True)
     port = free_port()
-    config = write_variant(ROOT / "serve_config.yaml", {}, out_dir / f"{name}.serve.yaml", port)
+    config = write_variant(
+        ROOT / "serve_config.yaml", dict(overrides or {}), out_dir / f"{name}.serve.yaml", port
+    )
     key = secrets.token_urlsafe(24)
     env = {"RAG_API_KEYS": key, **dict(v.split("=", 1) for v in env_assignments)}
     with started_service(config, port, out_dir / f"{name}.serve.log", env) as service:

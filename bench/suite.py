@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bench import latency, quality
-from bench.labs import variant_service
+from bench.labs import SMOLLM2_GENERATOR, variant_service
 from bench.plots import write_plots
 from harness.service import ROOT
 
@@ -123,11 +123,6 @@ PLANS: dict[str, tuple[ServiceVariant, ...]] = {
 }
 
 
-# The CPU default's reader, named so that its results file says which model read them.
-SMOLLM2_GENERATOR: dict[str, object] = {
-    "generator.model_id": "smollm2-135m-instruct",
-    "generator.model_source": ".models/smollm2-135m-instruct",
-}
 # What the stored figures of the plans were measured with (docs/benchmarks.md,
 # docs/quality.md): SmolLM2 in fp32, the shipped reader until `make run` got the 1.5B. A plan
 # names its reader over it; a plan `as_shipped` (eval-default) serves serve_config.yaml as is.

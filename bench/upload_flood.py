@@ -3,12 +3,15 @@ uploads with no key, against the resident memory of Serve's proxy and the ingres
 
     python -m bench.upload_flood --out docs/results/upload-flood [--requests 256] [--mib 4]
         [--env RAY_SERVE_ENABLE_DIRECT_INGRESS=1 --env RAY_SERVE_ENABLE_HA_PROXY=1]
+        [--reader smollm2]
 
 Starts serve_config.yaml as shipped (keys required: RAG_API_KEYS set to a key made for the
-run; only the port changed; `--env` adds variables to `serve run`'s environment, such as
-Ray Serve's direct ingress through HAProxy), samples the resident memory (RSS) of what
-fronts the ingress (Serve's proxy actor, or HAProxy's processes) and of the ingress
-replica every 50 ms, idle for a while, then sends `--requests` uploads at once to
+run; only the port changed, and with `--reader smollm2` the tests' reader, which starts in
+seconds: no upload reaches the generator; `--env` adds variables to `serve run`'s
+environment, such as Ray Serve's direct ingress through HAProxy), samples the resident
+memory (RSS) of what fronts the ingress (Serve's proxy actor, or HAProxy's processes) and
+of the ingress replica every 50 ms, idle for a while, then sends `--requests` uploads at
+once to
 `/v1/collections/flood/documents`, each a multipart body of `--mib` MiB streamed in 64 KiB
 pieces with no Content-Length (chunked), without an Authorization header, and goes on
 sampling until all have ended and a while after. Each request's status, time and how much of
@@ -34,7 +37,7 @@ import httpx
 import psutil
 
 from bench.client import burst
-from bench.labs import keyed_service, machine, run_name, write_run
+from bench.labs import SMOLLM2_GENERATOR, keyed_service, machine, run_name, write_run
 from bench.tables import markdown_table
 from harness.processes import replica_pids, titled
 
@@ -149,9 +152,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--mib", type=float, default=4.0)
     parser.add_argument("--idle-s", type=float, default=10.0)
     parser.add_argument("--env", action="append", default=[], help="KEY=VALUE for serve run")
+    parser.add_argument(
+        "--reader",
+        choices=("shipped", "smollm2"),
+        default="shipped",
+        help="smollm2: the tests' reader, which starts in seconds (the flood never reaches it)",
+    )
     args = parser.parse_args(argv)
     name = run_name("flood", args.env)
-    with keyed_service(args.out, name, args.env) as (service, _):
+    overrides = SMOLLM2_GENERATOR if args.reader == "smollm2" else {}
+    with keyed_service(args.out, name, args.env, overrides) as (service, _):
         fronts, ingresses = front_pids(service.pid), replica_pids(service.pid, "RagIngress")
         if not fronts or len(ingresses) != 1:
             raise SystemExit(f"expected a proxy and one ingress, found {fronts} and {ingresses}")
@@ -171,7 +181,9 @@ def main(argv: list[str] | None = None) -> int:
     sent = [o["sent"] for o in outcomes]
     document = {
         "command": f"python -m bench.upload_flood --out {args.out} --requests {args.requests} "
-        f"--mib {args.mib:g}" + "".join(f" --env {v}" for v in args.env),
+        f"--mib {args.mib:g}"
+        + "".join(f" --env {v}" for v in args.env)
+        + (f" --reader {args.reader}" if args.reader != "shipped" else ""),
         "cpu": machine(),
         "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "requests": args.requests,
