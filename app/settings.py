@@ -6,7 +6,8 @@ RAG_API_KEYS  comma-separated API keys; when set, every /v1 request needs
               admin keys: every collection.
 RAG_API_KEYS_FILE
               a YAML list of `{key, scopes}`: keys limited to the collections their scopes
-              name (app.keys); used beside RAG_API_KEYS or alone.
+              name (app.keys); used beside RAG_API_KEYS or alone. Give an absolute path:
+              Serve's proxy reads it too (app.proxy_guard), from its own directory.
 RAG_GENERATOR_API_KEY
               the key the generator sends to an external OpenAI-compatible server
               (generator.engine: openai), when that server asks for one.
