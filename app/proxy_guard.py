@@ -5,8 +5,10 @@ Serve's proxy reads each request's body from the client as it arrives and queues
 replica, whether or not the replica ever asks for it; the ingress's RequestGuard refuses a
 request without a valid key before reading its body, but by then the proxy may have held all
 of it. This middleware runs in the proxy itself, ahead of that read: a /v1 request without a
-valid key gets the ingress's 401 (OpenAI error shape, `Connection: close`) and its body is
-never read. Health probes and the playground stay open, as in the ingress.
+valid key gets the ingress's 401 (OpenAI error shape, `Connection: close`) before a byte
+of its body is read; what the client still sends is then dropped as it arrives, so that it
+can read its 401 (refuse_unheld), and never held. Health probes and the playground stay
+open, as in the ingress.
 
 It checks the key only. What the key may do (its scope), the rate limit and every other
 check stay in the ingress, which checks the key again: with this middleware missing, nothing
@@ -25,6 +27,7 @@ the key file again when the file changes; replicas read it when they start.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import time
@@ -34,8 +37,8 @@ from collections.abc import Callable
 from starlette.middleware import Middleware
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from app.errors import invalid_api_key
-from app.guard import request_header, send_refusal
+from app.errors import ApiError, error_response, invalid_api_key
+from app.guard import announces_body, request_header, send_refusal
 from app.proxy_errors import ProxyErrorShape
 from app.settings import Settings, load_settings
 
@@ -44,6 +47,10 @@ logger = logging.getLogger(__name__)
 PROXY_CALLBACK_ENV = "RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH"
 PROXY_CALLBACK = "app.proxy_guard.middlewares"
 KEY_FILE_CHECK_S = 1.0  # how often the key file's modification time is looked at
+# What a refused client may still send, dropped as it arrives, before the connection closes:
+# twice the largest upload shipped (collections.max_upload_bytes), and some seconds.
+DRAIN_MAX_BYTES = 64 << 20
+DRAIN_MAX_S = 10.0
 
 
 def middlewares() -> list[Middleware]:
@@ -73,9 +80,46 @@ class ProxyKeyCheck:
                 and settings.key_of(request_header(scope, b"authorization")) is None
             ):
                 request_id = request_header(scope, b"x-request-id") or uuid.uuid4().hex
-                await send_refusal(invalid_api_key(), request_id, scope, receive, send)
+                await refuse_unheld(invalid_api_key(), request_id, scope, receive, send)
                 return
         await self.app(scope, receive, send)
+
+
+async def refuse_unheld(
+    error: ApiError, request_id: str, scope: Scope, receive: Receive, send: Send
+) -> None:
+    """Answer `error` before reading the body; then read what the client still sends and
+    drop it, piece by piece, before closing (a lingering close, as nginx does). An HTTP
+    client writes its whole body before it reads the answer, and a server that closes on
+    unread bytes makes the kernel reset the connection, so the client would see a reset
+    instead of its 401. The bytes dropped are bounded (DRAIN_MAX_BYTES, DRAIN_MAX_S); what
+    is held at once is one piece."""
+    if not announces_body(scope):
+        await send_refusal(error, request_id, scope, receive, send)
+        return
+    response = error_response(error, request_id)
+    headers = [*response.raw_headers, (b"connection", b"close")]
+    await send({"type": "http.response.start", "status": response.status_code, "headers": headers})
+    # The whole answer is on the wire (Content-Length); the last, empty piece ends the
+    # exchange once the body is dropped.
+    await send({"type": "http.response.body", "body": response.body, "more_body": True})
+    await _drop_body(receive)
+    await send({"type": "http.response.body", "body": b""})
+
+
+async def _drop_body(receive: Receive) -> None:
+    deadline = time.monotonic() + DRAIN_MAX_S
+    dropped = 0
+    while dropped < DRAIN_MAX_BYTES:
+        try:
+            message = await asyncio.wait_for(receive(), max(0.0, deadline - time.monotonic()))
+        except TimeoutError:
+            return
+        if message["type"] != "http.request":  # the client left
+            return
+        dropped += len(message.get("body", b""))
+        if not message.get("more_body", False):
+            return
 
 
 class _KeySource:

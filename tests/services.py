@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import socket
 import subprocess
 import tempfile
 import time
@@ -303,3 +304,25 @@ def wait_until_whole(service: Service, timeout_s: float = 300) -> None:
             return
         time.sleep(0.5)
     pytest.fail(f"the service did not get back to {wanted} replicas in {timeout_s} s: {body}")
+
+
+def read_http_reply(connection: socket.socket) -> tuple[int, dict[str, str], bytes]:
+    """One HTTP/1.1 answer read off a raw socket: status, headers (lower-case names) and the
+    body its Content-Length announces; it does not wait for the server to close."""
+    reply = b""
+    while b"\r\n\r\n" not in reply:
+        reply += _received(connection, reply)
+    head, _, body = reply.partition(b"\r\n\r\n")
+    status_line, *lines = head.decode("latin-1").split("\r\n")
+    headers = {name.strip().lower(): value.strip()
+               for name, _, value in (line.partition(":") for line in lines)}  # fmt: skip
+    while len(body) < int(headers.get("content-length", 0)):
+        body += _received(connection, head + body)
+    return int(status_line.split()[1]), headers, body[: int(headers.get("content-length", 0))]
+
+
+def _received(connection: socket.socket, so_far: bytes) -> bytes:
+    chunk = connection.recv(65536)
+    if not chunk:
+        raise ConnectionError(f"the server closed the connection after {so_far[:500]!r}")
+    return chunk

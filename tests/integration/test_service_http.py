@@ -18,6 +18,7 @@ import httpx
 import openai
 import pytest
 import yaml
+from services import read_http_reply
 
 from harness.service import stop_process
 
@@ -375,8 +376,9 @@ def test_api_key_is_required(service):
 
 def test_an_unauthenticated_upload_is_refused_by_serves_proxy_before_one_body_byte(service):
     # Headers only: a chunked upload whose body is never sent. The 401 has to come without
-    # it, and from the proxy itself (app/proxy_guard.py): no process of the service logs the
-    # request, where a request that passed the proxy is logged by the ingress replica.
+    # it (the proxy answers before it reads), and from the proxy itself (app/proxy_guard.py):
+    # no process of the service logs the request, where a request that passed the proxy is
+    # logged by the ingress replica.
     refused_id, passed_id = f"itest-unread-{uuid.uuid4().hex}", f"itest-read-{uuid.uuid4().hex}"
     url = httpx.URL(service.base_url)
     with socket.create_connection((url.host, url.port), timeout=30) as connection:
@@ -385,17 +387,18 @@ def test_an_unauthenticated_upload_is_refused_by_serves_proxy_before_one_body_by
             b"Content-Type: multipart/form-data; boundary=x\r\nTransfer-Encoding: chunked\r\n"
             b"x-request-id: " + refused_id.encode() + b"\r\n\r\n"
         )
-        reply = b""
-        while chunk := connection.recv(65536):  # the server closes after its answer
-            reply += chunk
-    head, _, body = reply.partition(b"\r\n\r\n")
-    status_line, *header_lines = head.decode("latin-1").split("\r\n")
-    headers = {name.lower(): value.strip() for name, _, value in
-               (line.partition(":") for line in header_lines)}  # fmt: skip
-    assert status_line.split()[1] == "401", reply[:500]
+        status, headers, body = read_http_reply(connection)
+    assert status == 401, body
     assert headers["connection"] == "close"
-    error = json.loads(body[: int(headers["content-length"])])["error"]
+    error = json.loads(body)["error"]
     assert (error["type"], error["code"]) == ("authentication_error", "invalid_api_key")
+    # A client that writes its whole body before it reads (as HTTP clients do) gets its 401
+    # too: the proxy drops what it sends instead of closing on it (a reset, then).
+    whole = httpx.post(
+        f"{service.base_url}/v1/collections/notes/documents",
+        files=[("files", ("big.txt", b"x" * (2 << 20), "text/plain"))],
+    )
+    assert whole.status_code == 401, whole.text
 
     passed = httpx.get(
         f"{service.base_url}/v1/models", headers={**service.headers, "x-request-id": passed_id}

@@ -22,6 +22,7 @@ import time
 
 import httpx
 import pytest
+from services import read_http_reply
 
 from bench import outcomes
 from bench.loadgen import RequestSpec, make_client, run_load
@@ -233,17 +234,9 @@ def test_an_ingress_replica_killed_under_a_request_is_answered_in_the_api_error_
         )
         time.sleep(2)  # the request reaches the ingress and waits there for its body
         processes.kill(ingress)
-        reply = b""
-        while chunk := connection.recv(65536):
-            reply += chunk
-            if b"\r\n\r\n" in reply and b"}}" in reply:
-                break
-    head, _, body = reply.partition(b"\r\n\r\n")
-    status_line, *header_lines = head.decode("latin-1").split("\r\n")
-    headers = {name.lower(): value.strip() for name, _, value in
-               (line.partition(":") for line in header_lines)}  # fmt: skip
-    assert status_line.split()[1] == "503", reply[:500]
+        status, headers, body = read_http_reply(connection)
+    assert status == 503, body
     assert headers["content-type"] == "application/json" and "retry-after" in headers
-    error = json.loads(body[: int(headers["content-length"])])["error"]
+    error = json.loads(body)["error"]
     assert (error["type"], error["code"]) == ("service_unavailable", "ingress_unavailable")
     assert ingress not in processes.replica_pids(service.pid, "RagIngress")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import time
 
 import pytest
 
@@ -28,21 +29,23 @@ class InnerApp:
         await send({"type": "http.response.body", "body": b"ok"})
 
 
-def call(check, path="/v1/rag/query", headers=()):
-    """Run one request through `check`; what it sent, and whether the body was read."""
+def call(check, path="/v1/rag/query", headers=(), pieces=1, piece_bytes=1024, events=None):
+    """Run one request through `check`, whose body arrives in `pieces`; what it sent, and
+    whether the body was read. `events` (a list) gets every send and receive, in order."""
     scope = {"type": "http", "method": "POST", "path": path, "headers": list(headers)}
-    reads = []
-    sent = []
+    events = [] if events is None else events
+    left = [pieces]
 
     async def receive():
-        reads.append(1)
-        return {"type": "http.request", "body": b"x" * 1024, "more_body": False}
+        left[0] -= 1
+        events.append(("receive", piece_bytes))
+        return {"type": "http.request", "body": b"x" * piece_bytes, "more_body": left[0] > 0}
 
     async def send(message):
-        sent.append(message)
+        events.append(("send", message))
 
     asyncio.run(check(scope, receive, send))
-    return sent, bool(reads)
+    return [m for kind, m in events if kind == "send"], any(k == "receive" for k, _ in events)
 
 
 def keyed_check(inner, environ=None):
@@ -50,18 +53,47 @@ def keyed_check(inner, environ=None):
     return ProxyKeyCheck(inner, load=lambda: load_settings(environ))
 
 
-def test_a_request_without_a_key_is_refused_401_in_openai_shape_and_its_body_never_read():
+def test_a_request_without_a_key_is_answered_401_before_a_body_byte_then_its_body_dropped():
     inner = InnerApp()
-    sent, body_read = call(keyed_check(inner), headers=[(b"transfer-encoding", b"chunked")])
+    events = []
+    sent, _ = call(keyed_check(inner), headers=[(b"transfer-encoding", b"chunked")], pieces=3,
+                   events=events)  # fmt: skip
 
-    start, body = sent
+    start, answer, end = sent
+    assert [kind for kind, _ in events] == ["send", "send", "receive", "receive", "receive", "send"]
     headers = dict(start["headers"])
     assert start["status"] == 401
     assert headers[b"connection"] == b"close"
     assert headers[b"www-authenticate"] == b"Bearer"
-    error = json.loads(body["body"])["error"]
+    error = json.loads(answer["body"])["error"]
     assert (error["type"], error["code"]) == ("authentication_error", "invalid_api_key")
-    assert not body_read and not inner.called
+    assert answer["more_body"] and end == {"type": "http.response.body", "body": b""}
+    assert not inner.called
+
+
+def test_what_a_refused_client_sends_is_dropped_only_up_to_the_bounds(monkeypatch):
+    monkeypatch.setattr(proxy_guard, "DRAIN_MAX_BYTES", 3 * 1024)
+    events = []
+    call(keyed_check(InnerApp()), headers=[(b"content-length", b"999999")], pieces=100,
+         events=events)  # fmt: skip
+    assert sum(1 for kind, _ in events if kind == "receive") == 3
+
+    monkeypatch.setattr(proxy_guard, "DRAIN_MAX_S", 0.2)
+    silent_events = []
+
+    async def silent_client():
+        silent_events.append("receive")
+        await asyncio.sleep(60)
+
+    async def send(message):
+        silent_events.append(message["type"])
+
+    scope = {"type": "http", "method": "POST", "path": "/v1/rag/query",
+             "headers": [(b"transfer-encoding", b"chunked")]}  # fmt: skip
+    started = time.monotonic()
+    asyncio.run(keyed_check(InnerApp())(scope, silent_client, send))
+    assert time.monotonic() - started < 5
+    assert silent_events[-1] == "http.response.body"
 
 
 def test_a_wrong_key_or_scheme_is_refused_and_the_right_key_goes_through_to_the_proxy():
