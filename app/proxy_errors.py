@@ -20,6 +20,7 @@ from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from app.error_metrics import ErrorSink
 from app.errors import ApiError, error_response, internal
 from app.guard import request_header
 
@@ -29,15 +30,16 @@ RETRY_AFTER_S = "1"
 
 
 class ProxyErrorShape:
-    def __init__(self, app: ASGIApp) -> None:
+    def __init__(self, app: ASGIApp, sink: ErrorSink = lambda status, code: None) -> None:
         self.app = app
+        self._sink = sink
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or not scope["path"].startswith("/v1/"):
             await self.app(scope, receive, send)
             return
         request_id = request_header(scope, b"x-request-id") or uuid.uuid4().hex
-        reply = _Reply(scope, receive, send, request_id)
+        reply = _Reply(scope, receive, send, request_id, self._sink)
         try:
             await self.app(scope, receive, reply.send)
         except Exception:
@@ -56,9 +58,11 @@ class _Reply:
     """The response as it leaves the proxy: a plain-text error is held back (start and
     body) and replaced; everything else goes straight on."""
 
-    def __init__(self, scope: Scope, receive: Receive, send: Send, request_id: str) -> None:
+    def __init__(
+        self, scope: Scope, receive: Receive, send: Send, request_id: str, sink: ErrorSink
+    ) -> None:
         self._scope, self._receive, self._send = scope, receive, send
-        self._request_id = request_id
+        self._request_id, self._sink = request_id, sink
         self.started = False
         self.held: MutableMapping[str, Any] | None = None
         self._body = b""
@@ -84,6 +88,7 @@ class _Reply:
 
     async def send_error(self, error: ApiError) -> None:
         self.started, self.held = True, None
+        self._sink(error.status, error.code or error.type)
         response = error_response(error, self._request_id)
         await response(self._scope, self._receive, self._send)
 

@@ -18,7 +18,10 @@ Serve installs it from the environment that starts the proxies (`make run`, the 
 bench harness, and the KubeRay manifest set it; set it yourself for a bare `serve run` or
 `ray start`):
 
-    RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH=app.proxy_guard.middlewares
+    RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH=deployments.proxy_callback.middlewares
+
+(deployments.proxy_callback: these middlewares, with the errors they answer counted in the
+API's error metric).
 
 Keys come from the same environment as the ingress's (app.settings). The proxy outlives
 the application's replicas (a `serve deploy` restarts replicas, not proxies), so it reads
@@ -37,6 +40,7 @@ from collections.abc import Callable
 from starlette.middleware import Middleware
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from app.error_metrics import ErrorSink
 from app.errors import ApiError, error_response, invalid_api_key
 from app.guard import announces_body, request_header, send_refusal
 from app.proxy_errors import ProxyErrorShape
@@ -45,7 +49,7 @@ from app.settings import Settings, load_settings
 logger = logging.getLogger(__name__)
 
 PROXY_CALLBACK_ENV = "RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH"
-PROXY_CALLBACK = "app.proxy_guard.middlewares"
+PROXY_CALLBACK = "deployments.proxy_callback.middlewares"  # these, with the error metric
 KEY_FILE_CHECK_S = 1.0  # how often the key file's modification time is looked at
 # What a refused client may still send, dropped as it arrives, before the connection closes:
 # twice the largest upload shipped (collections.max_upload_bytes), and some seconds.
@@ -53,11 +57,11 @@ DRAIN_MAX_BYTES = 64 << 20
 DRAIN_MAX_S = 10.0
 
 
-def middlewares() -> list[Middleware]:
-    """What Serve's proxy calls (PROXY_CALLBACK_ENV): the middlewares it wraps itself in,
-    outermost first: Serve's own failures in the API's error shape (app.proxy_errors),
-    then the key check."""
-    return [Middleware(ProxyErrorShape), Middleware(ProxyKeyCheck)]
+def middlewares(sink: ErrorSink = lambda status, code: None) -> list[Middleware]:
+    """The middlewares Serve's proxy wraps itself in, outermost first: Serve's own failures
+    in the API's error shape (app.proxy_errors), then the key check. `sink` counts each
+    error they answer (deployments.proxy_callback gives the Ray metric)."""
+    return [Middleware(ProxyErrorShape, sink=sink), Middleware(ProxyKeyCheck, sink=sink)]
 
 
 class ProxyKeyCheck:
@@ -68,8 +72,10 @@ class ProxyKeyCheck:
         app: ASGIApp,
         load: Callable[[], Settings] = load_settings,
         key_file: str | None = None,
+        sink: ErrorSink = lambda status, code: None,
     ) -> None:
         self.app = app
+        self._sink = sink
         self._keys = _KeySource(load, key_file or os.environ.get("RAG_API_KEYS_FILE", "").strip())
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -80,7 +86,9 @@ class ProxyKeyCheck:
                 and settings.key_of(request_header(scope, b"authorization")) is None
             ):
                 request_id = request_header(scope, b"x-request-id") or uuid.uuid4().hex
-                await refuse_unheld(invalid_api_key(), request_id, scope, receive, send)
+                refusal = invalid_api_key()
+                self._sink(refusal.status, refusal.code or refusal.type)
+                await refuse_unheld(refusal, request_id, scope, receive, send)
                 return
         await self.app(scope, receive, send)
 

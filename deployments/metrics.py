@@ -9,6 +9,19 @@ _TPOT_BOUNDARIES_MS = [5, 10, 20, 30, 50, 75, 100, 150, 250, 500, 1000]
 _RATIO_BOUNDARIES = [0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0]
 
 
+def error_counter():  # -> ray.serve.metrics.Counter (imported in the worker, as below)
+    """The API's error responses, by HTTP status and OpenAI error code: counted by the
+    ingress for what it answers and by Serve's proxy for what it answers itself
+    (deployments.proxy_callback); the proxy's series carry no replica tags."""
+    from ray.serve import metrics
+
+    return metrics.Counter(
+        "rag_request_errors",
+        description="Error responses sent, by HTTP status and OpenAI error code.",
+        tag_keys=("status", "code"),
+    )
+
+
 class PipelineMetrics:
     """The pipeline's MetricsSink; created inside the ingress replica (Ray metrics need a
     running worker)."""
@@ -51,11 +64,7 @@ class PipelineMetrics:
             description="Retrieved-context tokens before and after compression.",
             tag_keys=("phase",),
         )
-        self._errors = metrics.Counter(
-            "rag_request_errors",
-            description="Error responses sent, by HTTP status and OpenAI error code.",
-            tag_keys=("status", "code"),
-        )
+        self._errors = error_counter()
         self._degraded = metrics.Counter(
             "rag_requests_degraded",
             description="Requests answered with the uncompressed context against their plan.",

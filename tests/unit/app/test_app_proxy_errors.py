@@ -127,3 +127,21 @@ def test_routes_outside_the_api_are_left_to_serve():
     asyncio.run(ProxyErrorShape(silent)(scope, receive, send))
 
     assert sent == []
+
+
+def test_each_answer_it_makes_is_counted_in_the_error_sink():
+    counted = []
+
+    for app in (silent, plain(503, b"queue full"), passthrough(401, b"application/json", b"{}")):
+        scope = {"type": "http", "method": "POST", "path": "/v1/rag/query", "headers": []}
+
+        async def receive():
+            return {"type": "http.request", "body": b"", "more_body": False}
+
+        async def send(message):
+            pass
+
+        shaped = ProxyErrorShape(app, sink=lambda status, code: counted.append((status, code)))
+        asyncio.run(shaped(scope, receive, send))
+
+    assert counted == [(503, "ingress_unavailable"), (503, "ingress_unavailable")]

@@ -140,3 +140,17 @@ def test_serve_accepts_what_the_callback_returns():
     http_util = pytest.importorskip("ray.serve._private.http_util")
 
     assert len(http_util.validate_http_proxy_callback_return(middlewares())) == 2
+
+
+def test_each_refusal_is_counted_in_the_error_sink():
+    counted = []
+    check = ProxyKeyCheck(
+        InnerApp(),
+        load=lambda: load_settings({"RAG_API_KEYS": KEY}),
+        sink=lambda status, code: counted.append((status, code)),
+    )
+
+    call(check)
+    call(check, headers=[(b"authorization", f"Bearer {KEY}".encode())])
+
+    assert counted == [(401, "invalid_api_key")]
