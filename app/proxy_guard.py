@@ -71,12 +71,11 @@ class ProxyKeyCheck:
         self,
         app: ASGIApp,
         load: Callable[[], Settings] = load_settings,
-        key_file: str | None = None,
         sink: ErrorSink = lambda status, code: None,
     ) -> None:
         self.app = app
         self._sink = sink
-        self._keys = _KeySource(load, key_file or os.environ.get("RAG_API_KEYS_FILE", "").strip())
+        self._keys = _KeySource(load)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope["path"].startswith("/v1/"):
@@ -135,10 +134,10 @@ class _KeySource:
     more than once every KEY_FILE_CHECK_S). A key file that no longer loads keeps the keys
     it had, and says so: the proxy does not fall open."""
 
-    def __init__(self, load: Callable[[], Settings], key_file: str) -> None:
+    def __init__(self, load: Callable[[], Settings]) -> None:
         self._load = load
-        self._key_file = key_file
         self._settings = load()
+        self._key_file = self._settings.key_file
         self._stamp = self._file_stamp()
         self._checked_at = time.monotonic()
 

@@ -36,6 +36,8 @@ class Settings:
     generator_api_key: str | None = None
     # What each key may do; a key missing here (RAG_API_KEYS) is an admin key.
     grants: Mapping[str, Grant] = field(default_factory=dict)
+    # Where the scoped keys were read from (RAG_API_KEYS_FILE), for a reader that reloads it.
+    key_file: Path | None = None
 
     @property
     def auth_required(self) -> bool:
@@ -81,4 +83,5 @@ def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
         api_keys=keys,
         generator_api_key=generator_key,
         grants=grants,
+        key_file=Path(key_file) if key_file else None,
     )

@@ -82,9 +82,6 @@ class UploadSpool:
         for path in paths:
             path.unlink(missing_ok=True)
 
-    def held_bytes(self) -> int:
-        return sum(entry.stat().st_size for entry in self.root.iterdir() if entry.is_file())
-
     def _existing(self, upload_id: str, suffix: str) -> Path:
         path = self._path(upload_id, suffix) if _UPLOAD_ID.match(upload_id) else None
         if path is None or not path.is_file():

@@ -123,7 +123,7 @@ def test_a_key_added_to_the_key_file_is_taken_without_a_restart_and_a_broken_fil
     key_file = tmp_path / "keys.yaml"
     key_file.write_text(f"- key: {'a' * 20}\n  scopes: ['read:docs']\n")
     environ = {"RAG_API_KEYS_FILE": str(key_file)}
-    check = ProxyKeyCheck(InnerApp(), load=lambda: load_settings(environ), key_file=str(key_file))
+    check = ProxyKeyCheck(InnerApp(), load=lambda: load_settings(environ))
     new_key = [(b"authorization", f"Bearer {'b' * 20}".encode())]
     assert call(check, headers=new_key)[0][0]["status"] == 401
 

@@ -29,7 +29,7 @@ def test_pieces_become_one_file_that_a_job_claims_and_releases(spool):
     spool.discard(upload_id)  # a late discard from the ingress leaves a claimed file alone
     assert path.exists()
     spool.release([path])
-    assert spool.held_bytes() == 0 and list(spool.root.iterdir()) == []
+    assert list(spool.root.iterdir()) == []
 
 
 def test_a_file_past_the_limit_is_refused_and_removed(spool):
