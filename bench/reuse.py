@@ -9,7 +9,8 @@ paragraph's first request is cold, its later ones warm. A uniform control asks e
 other paragraphs once, where reuse cannot help. The phases use disjoint paragraph sets, so
 one phase does not warm the next.
 
-Settings, each on a fresh service over the SQuAD index (harness.variant):
+Settings, each on a fresh service over the SQuAD index (harness.variant), read by the
+reader the stored figures were read by (bench.suite.MEASURED_WITH, SmolLM2 in fp32):
 - naive: prefix caching off, no compression;
 - today: the service's defaults (sentence selection, the `auto` policy);
 - reuse: the same, with `compression.reuse` on (prepare.reuse).
@@ -54,6 +55,7 @@ from bench.stats import (
     percentile,
     sample_median,
 )
+from bench.suite import MEASURED_WITH
 from bench.tables import markdown_table
 from harness.service import ROOT
 
@@ -206,7 +208,11 @@ def run_setting(
 ) -> tuple[dict[str, list[dict[str, Any]]], dict[str, dict[str, int]]]:
     """Start a fresh service for `setting`, send every phase in turn, stop it: the records
     of every phase, and its finished generator calls per replica."""
-    overrides = {"retriever.index_path": str(DEFAULT_INDEX_DIR), **setting.overrides}
+    overrides = {
+        **MEASURED_WITH,
+        "retriever.index_path": str(DEFAULT_INDEX_DIR),
+        **setting.overrides,
+    }
     name = f"{run}-{setting.name}"
     records: dict[str, list[dict[str, Any]]] = {}
     calls: dict[str, dict[str, int]] = {}
@@ -403,10 +409,8 @@ def report(results: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def overlap(plan: Sequence[Phase], index_dir: Path, top_k: int = 5) -> list[list[object]]:
-    """Per skewed phase, how much of a warm request's retrieval an earlier request of the
-    phase retrieved too (the most any cache of passages could reuse, in any position), by
-    the service's default retrieval (hybrid) run in process; rows for OVERLAP_HEADER."""
+def _retrieve(plan: Sequence[Phase], index_dir: Path, top_k: int) -> dict[str, list[list[Any]]]:
+    """Each phase's requests' chunks, by the service's default retrieval (hybrid) in process."""
     from retrieval.config import HybridRetrievalConfig
     from retrieval.models import DEFAULT_EMBEDDING_MODEL, resolve_model_reference
     from retrieval.retriever import Retriever
@@ -416,15 +420,81 @@ def overlap(plan: Sequence[Phase], index_dir: Path, top_k: int = 5) -> list[list
         resolve_model_reference(DEFAULT_EMBEDDING_MODEL),
         hybrid=HybridRetrievalConfig().to_params(),
     )
+    return {
+        phase.name: [list(retriever.retrieve(item.question, top_k).chunks) for item in phase.items]
+        for phase in plan
+    }
+
+
+def seeding(
+    plan: Sequence[Phase], index_dir: Path, tokenizer: Path, rate: float = 0.5, top_k: int = 5
+) -> list[list[object]]:
+    """What each `seed_after_retrievals` would do on the workload, by the service's own view
+    (prepare.reuse, a one-passage path, the service's capacity) fed the phases in order as
+    one compressor replica sees them: per segment, seeds, requests whose path the view
+    predicts cached, and the uncached passage tokens against today's (every passage
+    compressed), a compressed passage modelled as `rate` of its tokens; rows for
+    SEEDING_HEADER. A model of the layout's decisions, not a measurement of the engine."""
+    from prepare.config import PassageReuseConfig
+    from prepare.reuse import PassageCacheView
+    from prepare.tokens import ServingTokenizer
+
+    count = ServingTokenizer.load(str(tokenizer)).count
+    retrieved = _retrieve(plan, index_dir, top_k)
     rows: list[list[object]] = []
-    for phase in plan:
-        if phase.name.startswith("skewed"):
-            retrieved = [
-                [chunk.chunk_id for chunk in retriever.retrieve(item.question, top_k).chunks]
-                for item in phase.items
-            ]
-            rows.append([phase.name, *overlap_row(phase.items, retrieved)])
+    for seed_after in (1, 2, 3):
+        view = PassageCacheView(
+            PassageReuseConfig().capacity_tokens, seed_after=seed_after, path_passages=1
+        )
+        totals: dict[str, list[float]] = defaultdict(lambda: [0, 0, 0, 0.0, 0.0])
+        for phase in plan:
+            for item, chunks in zip(phase.items, retrieved[phase.name], strict=True):
+                tokens = {chunk.chunk_id: count(chunk.text) for chunk in chunks}
+                layout = view.layout("system", list(tokens))
+                seeded = layout.first[layout.cached :]
+                uncached = sum(tokens[key] for key in seeded) + sum(
+                    rate * n for key, n in tokens.items() if key not in layout.first
+                )
+                segment = phase.name + ("" if phase.name.startswith("uniform") else
+                                        " warm" if item.warm else " cold")  # fmt: skip
+                total = totals[segment]
+                total[0] += 1
+                total[1] += len(seeded)
+                total[2] += layout.cached > 0
+                total[3] += uncached
+                total[4] += rate * sum(tokens.values())
+                view.record("system", [(key, tokens[key]) for key in layout.first])
+        for segment, (n, seeds, hits, uncached, today) in totals.items():
+            ratio = f"{uncached / today:.3f}"
+            rows.append([seed_after, segment, int(n), int(seeds), int(hits), ratio])
     return rows
+
+
+SEEDING_HEADER = [
+    "seed_after_retrievals",
+    "segment",
+    "requests",
+    "seeded",
+    "path predicted cached",
+    "uncached passage tokens / today's",
+]
+
+
+def overlap(plan: Sequence[Phase], index_dir: Path, top_k: int = 5) -> list[list[object]]:
+    """Per skewed phase, how much of a warm request's retrieval an earlier request of the
+    phase retrieved too (the most any cache of passages could reuse, in any position), by
+    the service's default retrieval (hybrid) run in process; rows for OVERLAP_HEADER."""
+    skewed = [phase for phase in plan if phase.name.startswith("skewed")]
+    retrieved = _retrieve(skewed, index_dir, top_k)
+    return [
+        [
+            phase.name,
+            *overlap_row(
+                phase.items, [[c.chunk_id for c in chunks] for chunks in retrieved[phase.name]]
+            ),
+        ]
+        for phase in skewed
+    ]
 
 
 def overlap_row(items: Sequence[WorkItem], retrieved: Sequence[Sequence[str]]) -> list[object]:
@@ -482,6 +552,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="Only print how much of each warm request's retrieval earlier requests shared "
         "(in process, no service).",
     )
+    parser.add_argument(
+        "--seeding",
+        action="store_true",
+        help="Only print what each compression.reuse.seed_after_retrievals would seed and "
+        "save on the workload, by the service's view in process (no service).",
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     args.out.mkdir(parents=True, exist_ok=True)
@@ -496,6 +572,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.overlap:
         index = DEFAULT_INDEX_DIR if DEFAULT_INDEX_DIR.is_absolute() else ROOT / DEFAULT_INDEX_DIR
         print(markdown_table(OVERLAP_HEADER, overlap(plan, index), numeric=(1, 2, 3)))
+        return 0
+    if args.seeding:
+        index = DEFAULT_INDEX_DIR if DEFAULT_INDEX_DIR.is_absolute() else ROOT / DEFAULT_INDEX_DIR
+        rows = seeding(plan, index, ROOT / str(MEASURED_WITH["generator.model_source"]))
+        print(markdown_table(SEEDING_HEADER, rows, numeric=(0, 2, 3, 4, 5)))
         return 0
     results: dict[str, Any] = {
         "command": "python -m bench.reuse " + " ".join(argv if argv is not None else sys.argv[1:]),

@@ -73,6 +73,7 @@ class CompressorDeployment:
             passage_cache=PassageCacheView(
                 compression.reuse.capacity_tokens,
                 path_passages=compression.reuse.path_passages,
+                seed_after=compression.reuse.seed_after_retrievals,
             ),
         )
         self._attributor: Attributor | None = None

@@ -138,6 +138,14 @@ class PassageReuseConfig(StrictModel):
         "and later passages, so seeding deeper paths cost a whole passage's prefill a "
         "request for hits that seldom came (docs/benchmarks.md, passage reuse).",
     )
+    seed_after_retrievals: int = Field(
+        2,
+        ge=1,
+        description="Earlier retrievals a passage needs before it is sent whole to seed the "
+        "cache: a seed costs its compressed form's saving now and pays only when later "
+        "requests retrieve it again, which a passage retrieved once before seldom was "
+        "(`python -m bench.reuse --seeding`).",
+    )
 
 
 class CompressionConfig(StrictModel):

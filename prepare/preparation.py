@@ -319,25 +319,16 @@ class PromptPreparer:
         self, root: str, chunks: Sequence[ContextChunk]
     ) -> tuple[list[ContextChunk], list[ContextChunk], int]:
         """(passages to send first and whole, the rest in score order, how many of the
-        first are predicted cached): the cached path, then the passage retrieved most often
-        before, if any, to extend that path (prepare.reuse)."""
+        first are predicted cached): the cached path, then a seed to extend it, if one
+        qualifies (prepare.reuse)."""
         assert self._passage_cache is not None
         keys = [_passage_key(chunk) for chunk in chunks]
         by_key = dict(zip(keys, chunks, strict=True))
         with self._passage_cache_lock:
-            cached = self._passage_cache.cached_prefix(root, keys)
-            earlier = self._passage_cache.retrieved_before(keys)
-        # One passage a request joins the path: sent whole it costs its compressed part's
-        # saving now, and pays only if later requests retrieve it (bench.reuse measured
-        # every hot passage sent whole at once: slower, the paths broke early).
-        hot = [key for key in earlier if key not in cached]
-        limit = self._passage_cache.path_passages
-        room = limit is None or len(cached) < limit
-        seed = [max(hot, key=lambda key: (earlier[key], key))] if hot and room else []
-        first = [*cached, *seed]
-        taken = set(first)
+            layout = self._passage_cache.layout(root, keys)
+        taken = set(layout.first)
         rest = [chunk for key, chunk in by_key.items() if key not in taken]
-        return [by_key[key] for key in first], rest, len(cached)
+        return [by_key[key] for key in layout.first], rest, layout.cached
 
     def _record_sent(
         self, root: str, kept: Sequence[ContextChunk], source_tokens: Sequence[int]

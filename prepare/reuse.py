@@ -14,13 +14,17 @@ holds (a model of vLLM's own LRU eviction). It also counts how often each passag
 retrieved. The layout (`PromptPreparer`) follows from it:
 1. cached: the longest path of the tree along passages the request retrieved, in the order
    they were sent before, whole;
-2. seed: of the passages retrieved before but not on that path, the one retrieved most
-   often (the paragraph a run of questions is about), whole: cached for the next request,
-   the path grows by one passage a request;
+2. seed: the request's best-ranked passage not on that path, whole, when earlier requests
+   retrieved it at least `seed_after` times: cached for the next request, the path grows
+   by one passage a request. A seed costs its compressed form's saving now and pays only
+   when later requests retrieve it again; a passage retrieved once before (a neighbour of
+   some earlier question) seldom is, one retrieved twice or more (the paragraph a run of
+   questions is about) often is (`python -m bench.reuse --seeding`);
 3. the rest in score order, the only part compression touches; when nothing is compressed
    they too go whole, in the order of their keys (so every replica agrees on it).
 A first version sent every passage retrieved before whole at once, in key order; on the
-skewed workload it was slower (docs/benchmarks.md, "Reusing retrieved passages").
+skewed workload it was slower (docs/benchmarks.md, "Reusing retrieved passages"), and so
+was a second that seeded the passage retrieved most often before, once was enough.
 
 A wrong view only costs speed: a passage predicted cached and evicted is prefilled afresh,
 its text is still the retrieved text.
@@ -40,6 +44,15 @@ def passage_key(rendered: str) -> str:
     return hashlib.blake2b(rendered.encode(), digest_size=16).hexdigest()
 
 
+@dataclass(frozen=True)
+class ReuseLayout:
+    """Passages to send first and whole, in order; the first `cached` of them are predicted
+    cached, the rest (at most one) seeded."""
+
+    first: list[str]
+    cached: int
+
+
 @dataclass
 class _Node:
     tokens: int
@@ -57,6 +70,8 @@ class PassageCacheView:
     def __init__(
         self,
         capacity_tokens: int,
+        *,
+        seed_after: int,
         remembered_passages: int = 4096,
         path_passages: int | None = None,
     ) -> None:
@@ -64,9 +79,13 @@ class PassageCacheView:
             raise ValueError("capacity_tokens must be at least 1")
         if path_passages is not None and path_passages < 1:
             raise ValueError("path_passages must be at least 1")
+        if seed_after < 1:
+            raise ValueError("seed_after must be at least 1")
         self._capacity_tokens = capacity_tokens
         # How many passages a layout keeps in the shared prefix (None: no limit).
         self.path_passages = path_passages
+        # Earlier retrievals a passage needs before it is seeded.
+        self.seed_after = seed_after
         self._roots: dict[str, _Node] = {}
         self._clock = itertools.count(1)
         self._tokens = 0
@@ -105,6 +124,17 @@ class PassageCacheView:
             path.append(key)
             node = node.children[key]
         return path
+
+    def layout(self, root: str, keys: Sequence[str]) -> ReuseLayout:
+        """The layout for a request that retrieved `keys` (best first) after `root`: the
+        cached path, then the seed if one qualifies (module docstring); counts the
+        retrieval."""
+        cached = self.cached_prefix(root, keys)
+        earlier = self.retrieved_before(keys)
+        room = self.path_passages is None or len(cached) < self.path_passages
+        best = next((key for key in keys if key not in cached), None)
+        seed = [best] if room and best and earlier.get(best, 0) >= self.seed_after else []
+        return ReuseLayout([*cached, *seed], len(cached))
 
     def record(self, root: str, passages: Sequence[tuple[str, int]]) -> None:
         """Note that a prompt opened with `root` then `passages` ((key, tokens) in order)

@@ -267,7 +267,7 @@ def reuse_preparer(store: SentenceStore) -> PromptPreparer:
         PROMPTS,
         max_model_len=2048,
         sentence_store=store,
-        passage_cache=PassageCacheView(10_000),
+        passage_cache=PassageCacheView(10_000, seed_after=1),
     )
 
 
@@ -305,7 +305,7 @@ def test_with_a_one_passage_path_only_the_first_passage_is_ever_sent_whole(
         PROMPTS,
         max_model_len=2048,
         sentence_store=plain_store,
-        passage_cache=PassageCacheView(10_000, path_passages=1),
+        passage_cache=PassageCacheView(10_000, seed_after=1, path_passages=1),
     )
     plan = CompressionPlan("sentences", rate=0.5, reuse=True)
     whole = {f"doc{i}#0": " ".join(sentences) for i, (sentences, _) in enumerate(PLAIN_SPECS)}
