@@ -7,8 +7,11 @@ request without a valid key before reading its body, but by then the proxy may h
 of it. This middleware runs in the proxy itself, ahead of that read: a /v1 request without a
 valid key gets the ingress's 401 (OpenAI error shape, `Connection: close`) before a byte
 of its body is read; what the client still sends is then dropped as it arrives, so that it
-can read its 401 (refuse_unheld), and never held. Health probes and the playground stay
-open, as in the ingress.
+can read its 401 (refuse_unheld), and never held. Each connection drained costs the proxy
+its buffers (about 0.3 MB measured, docs/security.md), so at most RAG_PROXY_MAX_DRAINING
+(app.settings, 32 by default) drain at once; past that a refused connection is closed
+unread, and its client may see a reset instead of its 401. Health probes and the playground
+stay open, as in the ingress.
 
 It checks the key only. What the key may do (its scope), the rate limit and every other
 check stay in the ingress, which checks the key again: with this middleware missing, nothing
@@ -76,6 +79,7 @@ class ProxyKeyCheck:
         self.app = app
         self._sink = sink
         self._keys = _KeySource(load)
+        self._draining = 0  # refused connections being drained now (one event loop)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope["path"].startswith("/v1/"):
@@ -87,7 +91,14 @@ class ProxyKeyCheck:
                 request_id = request_header(scope, b"x-request-id") or uuid.uuid4().hex
                 refusal = invalid_api_key()
                 self._sink(refusal.status, refusal.code or refusal.type)
-                await refuse_unheld(refusal, request_id, scope, receive, send)
+                if self._draining >= settings.proxy_max_draining:
+                    await send_refusal(refusal, request_id, scope, receive, send)
+                    return
+                self._draining += 1
+                try:
+                    await refuse_unheld(refusal, request_id, scope, receive, send)
+                finally:
+                    self._draining -= 1
                 return
         await self.app(scope, receive, send)
 

@@ -8,6 +8,11 @@ RAG_API_KEYS_FILE
               a YAML list of `{key, scopes}`: keys limited to the collections their scopes
               name (app.keys); used beside RAG_API_KEYS or alone. Give an absolute path:
               Serve's proxy reads it too (app.proxy_guard), from its own directory.
+RAG_PROXY_MAX_DRAINING
+              how many refused uploads Serve's proxy drains at once so that their clients
+              read their 401 (app.proxy_guard; default 32, 0 for none); past it a refused
+              connection is closed unread. Bounds what unauthenticated clients make the
+              proxy hold.
 RAG_GENERATOR_API_KEY
               the key the generator sends to an external OpenAI-compatible server
               (generator.engine: openai), when that server asks for one.
@@ -38,6 +43,8 @@ class Settings:
     grants: Mapping[str, Grant] = field(default_factory=dict)
     # Where the scoped keys were read from (RAG_API_KEYS_FILE), for a reader that reloads it.
     key_file: Path | None = None
+    # Refused uploads Serve's proxy drains at once (app.proxy_guard).
+    proxy_max_draining: int = 32
 
     @property
     def auth_required(self) -> bool:
@@ -78,10 +85,14 @@ def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
     if any(len(key) < 16 for key in keys) and environment == "production":
         raise UnsafeSettingsError("API keys must be at least 16 characters in production")
     generator_key = environ.get("RAG_GENERATOR_API_KEY", "").strip() or None
+    draining = environ.get("RAG_PROXY_MAX_DRAINING", "32").strip()
+    if not draining.isdigit():
+        raise UnsafeSettingsError(f"RAG_PROXY_MAX_DRAINING must be a count, not {draining!r}")
     return Settings(
         environment=environment,  # type: ignore[arg-type]
         api_keys=keys,
         generator_api_key=generator_key,
         grants=grants,
         key_file=Path(key_file) if key_file else None,
+        proxy_max_draining=int(draining),
     )

@@ -154,3 +154,45 @@ def test_each_refusal_is_counted_in_the_error_sink():
     call(check, headers=[(b"authorization", f"Bearer {KEY}".encode())])
 
     assert counted == [(401, "invalid_api_key")]
+
+
+def test_past_the_draining_limit_a_refused_upload_is_closed_unread():
+    async def run():
+        check = keyed_check(InnerApp(), {"RAG_API_KEYS": KEY, "RAG_PROXY_MAX_DRAINING": "1"})
+        scope = {"type": "http", "method": "POST", "path": "/v1/rag/query",
+                 "headers": [(b"transfer-encoding", b"chunked")]}  # fmt: skip
+        held = asyncio.Event()
+        first_reads, second_reads, second_sent = [], [], []
+
+        async def slow_client():  # the first client keeps sending until told to stop
+            first_reads.append(1)
+            await held.wait()
+            return {"type": "http.request", "body": b"", "more_body": False}
+
+        async def second_client():
+            second_reads.append(1)
+            return {"type": "http.request", "body": b"x", "more_body": False}
+
+        async def ignore(message):
+            pass
+
+        async def record(message):
+            second_sent.append(message)
+
+        first = asyncio.create_task(check(scope, slow_client, ignore))
+        while not first_reads:
+            await asyncio.sleep(0)
+        await check(scope, second_client, record)  # while the first drains
+        held.set()
+        await first
+        return second_reads, second_sent
+
+    second_reads, second_sent = asyncio.run(run())
+    assert second_sent[0]["status"] == 401
+    assert dict(second_sent[0]["headers"])[b"connection"] == b"close"
+    assert second_reads == []  # not a byte of its body read
+
+
+def test_the_draining_limit_must_be_a_count():
+    with pytest.raises(Exception, match="RAG_PROXY_MAX_DRAINING"):
+        load_settings({"RAG_PROXY_MAX_DRAINING": "lots"})
