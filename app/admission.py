@@ -3,6 +3,8 @@
 - `InFlightGate`: at most N requests inside one ingress replica's pipeline; the next is
   refused at once (503 + Retry-After) instead of queueing behind work it would only slow.
 - `KeyRateLimiter`: a token bucket per API key (429 + Retry-After).
+- `CapacityHeader`: says on every /v1 response how many queries the whole service admits
+  at once, for Serve's proxy to refuse past it before routing (app.proxy_admission).
 - `BodySizeLimit`: an ASGI middleware that answers 413 from the Content-Length header before
   the body is read, and stops reading a body without one as soon as it passes the limit.
 """
@@ -150,3 +152,26 @@ def content_length(scope: Scope) -> int | None:
                 return None
             return length if length >= 0 else None
     return None
+
+
+class CapacityHeader:
+    """Adds `name: value()` to every /v1 response (value read per response, so it follows
+    a config update)."""
+
+    def __init__(self, app: ASGIApp, name: bytes, value: Callable[[], bytes]) -> None:
+        self.app = app
+        self._name = name
+        self._value = value
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or not scope["path"].startswith("/v1/"):
+            await self.app(scope, receive, send)
+            return
+
+        async def with_header(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                headers = [*message.get("headers", ()), (self._name, self._value())]
+                message = {**message, "headers": headers}
+            await send(message)
+
+        await self.app(scope, receive, with_header)

@@ -26,7 +26,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import Scope
 
 from app import openai_format, rag_format
-from app.admission import BodySizeLimit, InFlightGate, KeyRateLimiter
+from app.admission import BodySizeLimit, CapacityHeader, InFlightGate, KeyRateLimiter
 from app.collections_api import CollectionsBackend, install_collection_routes
 from app.config import RagAppConfig
 from app.error_metrics import ErrorCounter, ErrorSink
@@ -48,6 +48,7 @@ from app.errors import (
 from app.guard import RequestGuard, grant_of, request_id_of
 from app.keys import check_read
 from app.playground import install_playground
+from app.proxy_admission import CAPACITY_HEADER, capacity_value
 from app.readiness import ReadinessMonitor
 from app.schemas import (
     ChatCompletionRequest,
@@ -59,6 +60,7 @@ from app.schemas import (
 )
 from app.settings import Settings
 from app.upload_budget import UploadBudget, UploadBudgetGate
+from pipeline.config_base import most_replicas
 from pipeline.log import get_logger
 from pipeline.messages import DEFAULT_COLLECTION, CompressionPlan, SearchOptions, Turn
 from pipeline.rag import (
@@ -109,6 +111,12 @@ class ApiState:
         self.gate.limit = config.in_flight_limit()
         self.pipeline.set_timeouts(config.compression.timeout_s, config.citations.timeout_s)
         self.config = config
+
+    def capacity_value(self) -> bytes:
+        """What the whole service admits at once (this replica's gate times the ingress
+        replicas) and its Retry-After, for Serve's proxy (app.proxy_admission)."""
+        replicas = most_replicas(self.config.ingress.deployment)
+        return capacity_value(self.gate.limit * replicas, self.config.ingress.retry_after_s)
 
 
 def create_api(state: ApiState | None = None) -> FastAPI:
@@ -168,6 +176,7 @@ def create_api(state: ApiState | None = None) -> FastAPI:
     if state is not None:
         # Outermost: it sees the errors of the two above as well as the handlers'.
         api.add_middleware(ErrorCounter, sink=state.count_error)
+        api.add_middleware(CapacityHeader, name=CAPACITY_HEADER, value=state.capacity_value)
     api.add_api_route("/healthz", _healthz, methods=["GET"])
     api.add_api_route("/readyz", _readyz, methods=["GET"], responses={503: ERROR_RESPONSES[503]})
     # The key is checked by RequestGuard before the body is read; this only declares it in

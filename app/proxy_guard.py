@@ -33,7 +33,6 @@ the key file again when the file changes; replicas read it when they start.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import os
 import time
@@ -44,8 +43,10 @@ from starlette.middleware import Middleware
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from app.error_metrics import ErrorSink
-from app.errors import ApiError, error_response, invalid_api_key
-from app.guard import announces_body, request_header, send_refusal
+from app.errors import invalid_api_key
+from app.guard import request_header, send_refusal
+from app.proxy_admission import ProxyAdmission
+from app.proxy_drain import refuse_unheld
 from app.proxy_errors import ProxyErrorShape
 from app.settings import Settings, load_settings
 
@@ -54,17 +55,18 @@ logger = logging.getLogger(__name__)
 PROXY_CALLBACK_ENV = "RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH"
 PROXY_CALLBACK = "deployments.proxy_callback.middlewares"  # these, with the error metric
 KEY_FILE_CHECK_S = 1.0  # how often the key file's modification time is looked at
-# What a refused client may still send, dropped as it arrives, before the connection closes:
-# twice the largest upload shipped (collections.max_upload_bytes), and some seconds.
-DRAIN_MAX_BYTES = 64 << 20
-DRAIN_MAX_S = 10.0
 
 
 def middlewares(sink: ErrorSink = lambda status, code: None) -> list[Middleware]:
     """The middlewares Serve's proxy wraps itself in, outermost first: Serve's own failures
-    in the API's error shape (app.proxy_errors), then the key check. `sink` counts each
-    error they answer (deployments.proxy_callback gives the Ray metric)."""
-    return [Middleware(ProxyErrorShape, sink=sink), Middleware(ProxyKeyCheck, sink=sink)]
+    in the API's error shape (app.proxy_errors), the key check, then admission past the
+    service's capacity (app.proxy_admission). `sink` counts each error they answer
+    (deployments.proxy_callback gives the Ray metric)."""
+    return [
+        Middleware(ProxyErrorShape, sink=sink),
+        Middleware(ProxyKeyCheck, sink=sink),
+        Middleware(ProxyAdmission, sink=sink),
+    ]
 
 
 class ProxyKeyCheck:
@@ -101,43 +103,6 @@ class ProxyKeyCheck:
                     self._draining -= 1
                 return
         await self.app(scope, receive, send)
-
-
-async def refuse_unheld(
-    error: ApiError, request_id: str, scope: Scope, receive: Receive, send: Send
-) -> None:
-    """Answer `error` before reading the body; then read what the client still sends and
-    drop it, piece by piece, before closing (a lingering close, as nginx does). An HTTP
-    client writes its whole body before it reads the answer, and a server that closes on
-    unread bytes makes the kernel reset the connection, so the client would see a reset
-    instead of its 401. The bytes dropped are bounded (DRAIN_MAX_BYTES, DRAIN_MAX_S); what
-    is held at once is one piece."""
-    if not announces_body(scope):
-        await send_refusal(error, request_id, scope, receive, send)
-        return
-    response = error_response(error, request_id)
-    headers = [*response.raw_headers, (b"connection", b"close")]
-    await send({"type": "http.response.start", "status": response.status_code, "headers": headers})
-    # The whole answer is on the wire (Content-Length); the last, empty piece ends the
-    # exchange once the body is dropped.
-    await send({"type": "http.response.body", "body": response.body, "more_body": True})
-    await _drop_body(receive)
-    await send({"type": "http.response.body", "body": b""})
-
-
-async def _drop_body(receive: Receive) -> None:
-    deadline = time.monotonic() + DRAIN_MAX_S
-    dropped = 0
-    while dropped < DRAIN_MAX_BYTES:
-        try:
-            message = await asyncio.wait_for(receive(), max(0.0, deadline - time.monotonic()))
-        except TimeoutError:
-            return
-        if message["type"] != "http.request":  # the client left
-            return
-        dropped += len(message.get("body", b""))
-        if not message.get("more_body", False):
-            return
 
 
 class _KeySource:

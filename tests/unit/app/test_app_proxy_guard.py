@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from app import proxy_guard
+from app import proxy_drain, proxy_guard
 from app.proxy_guard import ProxyKeyCheck, middlewares
 from app.settings import load_settings
 
@@ -72,13 +72,13 @@ def test_a_request_without_a_key_is_answered_401_before_a_body_byte_then_its_bod
 
 
 def test_what_a_refused_client_sends_is_dropped_only_up_to_the_bounds(monkeypatch):
-    monkeypatch.setattr(proxy_guard, "DRAIN_MAX_BYTES", 3 * 1024)
+    monkeypatch.setattr(proxy_drain, "DRAIN_MAX_BYTES", 3 * 1024)
     events = []
     call(keyed_check(InnerApp()), headers=[(b"content-length", b"999999")], pieces=100,
          events=events)  # fmt: skip
     assert sum(1 for kind, _ in events if kind == "receive") == 3
 
-    monkeypatch.setattr(proxy_guard, "DRAIN_MAX_S", 0.2)
+    monkeypatch.setattr(proxy_drain, "DRAIN_MAX_S", 0.2)
     silent_events = []
 
     async def silent_client():
@@ -139,7 +139,7 @@ def test_a_key_added_to_the_key_file_is_taken_without_a_restart_and_a_broken_fil
 def test_serve_accepts_what_the_callback_returns():
     http_util = pytest.importorskip("ray.serve._private.http_util")
 
-    assert len(http_util.validate_http_proxy_callback_return(middlewares())) == 2
+    assert len(http_util.validate_http_proxy_callback_return(middlewares())) == 3
 
 
 def test_each_refusal_is_counted_in_the_error_sink():
