@@ -13,7 +13,6 @@ import os
 import time
 import uuid
 from collections.abc import Sequence
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -75,11 +74,6 @@ def engine_environment() -> dict[str, str | None]:
 def every_cpu() -> str:
     """The cores this process may run on, as VLLM_CPU_OMP_THREADS_BIND writes them ("0,1")."""
     return ",".join(str(cpu) for cpu in sorted(os.sched_getaffinity(0)))
-
-
-def utc_now() -> str:
-    """A run's start or end, as its records write it."""
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def engine_rss_bytes() -> int:

@@ -1,16 +1,22 @@
-"""What the labs share: the one way every lab starts a service, and how a run is written.
+"""What the labs share: their command lines, the one way every lab starts a service, and
+how a run is written.
 
+- `positive_int`, `positive_float`, `label`: argparse types of the labs' options.
 - `variant_service`: a service variant (serve_config.yaml with overrides) started, warmed
   up and stopped, the one way every lab starts its services; `keyed_service` is
   serve_config.yaml as shipped with keys required and extra environment for `serve run`.
-- `machine` names the CPU every result is measured on; `write_run` stores a run's JSON and
-  appends its report to the folder's README.
+- `machine` names the CPU every result is measured on, `utc_now` when; `write_run` stores a
+  run's JSON and appends its report to the folder's README; `write_json_and_markdown` writes
+  a run's `<stem>.json` and `<stem>.md`.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import logging
+import math
+import re
 import secrets
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -23,6 +29,31 @@ from harness.service import ROOT, RunningService, free_port, running_service, st
 from harness.variant import write_variant
 
 logger = logging.getLogger(__name__)
+
+_LABEL = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]*")
+
+
+def positive_int(text: str) -> int:
+    """argparse type: an int of at least 1."""
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def positive_float(text: str) -> float:
+    """argparse type: a finite float above 0."""
+    value = float(text)
+    if not 0 < value < math.inf:
+        raise argparse.ArgumentTypeError(f"must be a positive number, got {value}")
+    return value
+
+
+def label(text: str) -> str:
+    """argparse type: an output file stem (letters, digits, '.', '_', '+', '-')."""
+    if not _LABEL.fullmatch(text):
+        raise argparse.ArgumentTypeError(f"label {text!r}: use letters, digits, '.', '_', '+', '-'")
+    return text
 
 
 @contextmanager
@@ -91,14 +122,38 @@ def write_run(out_dir: Path, name: str, document: Mapping[str, Any], report: str
     print(report)
 
 
+def write_json_and_markdown(
+    out_dir: Path, stem: str, document: dict[str, Any], markdown: str
+) -> list[Path]:
+    """Write `<out_dir>/<stem>.json` (config, summary, raw rows) and `<stem>.md`."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    json_path = out_dir / f"{stem}.json"
+    json_path.write_text(json.dumps(document, indent=2, ensure_ascii=False), encoding="utf-8")
+    markdown_path = out_dir / f"{stem}.md"
+    markdown_path.write_text(markdown, encoding="utf-8")
+    return [json_path, markdown_path]
+
+
+def utc_now() -> str:
+    """A run's start or end, as its records write it."""
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+def cpu_info() -> tuple[str, set[str], int]:
+    """The CPU's model name, its flags and its logical cores, from /proc/cpuinfo (an
+    unknown model, no flags and no cores where it cannot be read)."""
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        lines = []
+    fields = [(key.strip(), value.strip()) for key, _, value in (x.partition(":") for x in lines)]
+    model = next((value for key, value in fields if key == "model name"), "unknown CPU")
+    flags = next((set(value.split()) for key, value in fields if key == "flags"), set())
+    return model, flags, sum(key == "processor" for key, _ in fields)
+
+
 def machine() -> str:
     """The CPU's model, core count and wide-vector extensions, from /proc/cpuinfo."""
-    lines = Path("/proc/cpuinfo").read_text().splitlines()
-    model = next(
-        (line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")),
-        "unknown CPU",
-    )
-    cores = sum(1 for line in lines if line.startswith("processor"))
-    flags = next((line.split(":", 1)[1].split() for line in lines if line.startswith("flags")), [])
+    model, flags, cores = cpu_info()
     extras = [f for f in ("avx512f", "avx512_bf16", "amx_tile") if f in flags]
     return f"{model}, {cores} cores, {'/'.join(extras) or 'no AVX-512'}"

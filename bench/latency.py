@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import re
 import sys
 from collections.abc import Sequence
 from dataclasses import asdict
@@ -27,6 +26,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from bench.labs import label, positive_float, positive_int
 from bench.loadgen import (
     DEFAULT_CHAT_MODEL,
     DEFAULT_REQUEST_TIMEOUT_S,
@@ -40,8 +40,6 @@ from bench.questions import DEFAULT_QUESTIONS
 from bench.stats import Summary, advisor_figures, summarize, summary_markdown
 from prepare.methods import method_names
 
-_LABEL = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]*")
-
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
@@ -53,11 +51,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--endpoint", choices=ENDPOINTS, default="rag")
     parser.add_argument("--model", default=DEFAULT_CHAT_MODEL, help="model id (chat endpoint)")
     arrivals = parser.add_mutually_exclusive_group(required=True)
-    arrivals.add_argument("--rate", type=float, help="Poisson arrivals, requests per second")
-    arrivals.add_argument("--concurrency", type=int, help="requests in flight at all times")
-    parser.add_argument("--num-requests", type=int, required=True)
-    parser.add_argument("--max-tokens", type=int, required=True)
-    parser.add_argument("--top-k", type=int)
+    arrivals.add_argument("--rate", type=positive_float, help="Poisson arrivals, requests/s")
+    arrivals.add_argument(
+        "--concurrency", type=positive_int, help="requests in flight at all times"
+    )
+    parser.add_argument("--num-requests", type=positive_int, required=True)
+    parser.add_argument("--max-tokens", type=positive_int, required=True)
+    parser.add_argument("--top-k", type=positive_int)
     parser.add_argument("--compression", choices=method_names())
     parser.add_argument("--rate-keep", type=float, help="fraction of context tokens kept")
     parser.add_argument(
@@ -69,16 +69,16 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--first-question", type=int, default=0, help="index of the first question used"
     )
-    parser.add_argument("--label", help="output file stem (default: from the settings)")
-    parser.add_argument("--slo-ttft-ms", type=float, default=5000.0)
-    parser.add_argument("--slo-tpot-ms", type=float, default=200.0)
+    parser.add_argument("--label", type=label, help="output file stem (default: from the settings)")
+    parser.add_argument("--slo-ttft-ms", type=positive_float, default=5000.0)
+    parser.add_argument("--slo-tpot-ms", type=positive_float, default=200.0)
     parser.add_argument("--seed", type=int, default=0, help="seed of the Poisson gaps")
     parser.add_argument(
-        "--request-timeout-s", type=float, default=DEFAULT_REQUEST_TIMEOUT_S,
+        "--request-timeout-s", type=positive_float, default=DEFAULT_REQUEST_TIMEOUT_S,
         help="limit on one request, send to end of stream",
     )  # fmt: skip
     parser.add_argument(
-        "--deadline-s", type=float, default=3600.0,
+        "--deadline-s", type=positive_float, default=3600.0,
         help="limit on the whole run; requests not sent by then are recorded as not sent",
     )  # fmt: skip
     parser.add_argument("--out", type=Path, required=True, help="output folder")
@@ -90,8 +90,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     1 when every request failed; bad arguments exit 2 through argparse."""
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.rate_keep is not None and not 0 < args.rate_keep <= 1:
+        parser.error(f"--rate-keep must be in (0, 1], got {args.rate_keep}")
     try:
-        _check(args)
         questions = load_questions(args.questions) if args.questions else DEFAULT_QUESTIONS
     except (ValueError, OSError) as error:
         parser.error(str(error))
@@ -186,32 +187,6 @@ async def _run(args: argparse.Namespace, specs: Sequence[RequestSpec]) -> list[R
             request_timeout_s=args.request_timeout_s,
             deadline_s=args.deadline_s,
         )
-
-
-def _check(args: argparse.Namespace) -> None:
-    positive = {
-        "--rate": args.rate,
-        "--slo-ttft-ms": args.slo_ttft_ms,
-        "--slo-tpot-ms": args.slo_tpot_ms,
-        "--request-timeout-s": args.request_timeout_s,
-        "--deadline-s": args.deadline_s,
-    }
-    for flag, value in positive.items():
-        if value is not None and not 0 < value < float("inf"):
-            raise ValueError(f"{flag} must be a positive number, got {value}")
-    at_least_one = {
-        "--concurrency": args.concurrency,
-        "--num-requests": args.num_requests,
-        "--max-tokens": args.max_tokens,
-        "--top-k": args.top_k,
-    }
-    for flag, count in at_least_one.items():
-        if count is not None and count < 1:
-            raise ValueError(f"{flag} must be at least 1, got {count}")
-    if args.rate_keep is not None and not 0 < args.rate_keep <= 1:
-        raise ValueError(f"--rate-keep must be in (0, 1], got {args.rate_keep}")
-    if args.label is not None and not _LABEL.fullmatch(args.label):
-        raise ValueError(f"--label must match {_LABEL.pattern}, got {args.label!r}")
 
 
 def _config(

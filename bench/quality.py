@@ -49,7 +49,7 @@ from app.schemas import RagQueryResponse
 from bench import client as service_client
 from bench import quality_report
 from bench.client import auth_headers, post_query, with_client
-from bench.outputs import label, positive_float, positive_int, write_json_and_markdown
+from bench.labs import label, positive_float, positive_int, utc_now, write_json_and_markdown
 from bench.squad import (
     DEFAULT_CACHE_DIR,
     SQUAD_DEV_FILENAME,
@@ -667,7 +667,7 @@ def run_quality(
         len(results),
         checkpoint,
     )
-    started_at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    started_at = utc_now()
     started = time.perf_counter()
     resumed = len(results)
     stopped_early = False

@@ -37,7 +37,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import signal
 import sys
 import time
@@ -53,9 +52,8 @@ from bench.engine_runs import (
     every_cpu,
     measure_point,
     service_messages,
-    utc_now,
 )
-from bench.outputs import positive_int, write_json_and_markdown
+from bench.labs import cpu_info, positive_int, utc_now, write_json_and_markdown
 from bench.tables import markdown_table
 
 READERS = {
@@ -102,16 +100,7 @@ def checkpoint_bytes(folder: Path) -> int:
 
 def cpu_name() -> str:
     """The CPU's model name and the vector extensions that decide dtype speed here."""
-    name, flags = platform.processor() or "unknown", set()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            key, _, value = line.partition(":")
-            if key.strip() == "model name":
-                name = value.strip()
-            elif key.strip() == "flags":
-                flags = set(value.split())
-    except OSError:
-        pass
+    name, flags, _ = cpu_info()
     wanted = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_bf16", "amx_int8")
     return (
         f"{name} ({', '.join(f for f in wanted if f in flags) or 'no AVX2'}), {os.cpu_count()} CPUs"

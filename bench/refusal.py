@@ -29,7 +29,7 @@ from typing import Any
 import httpx
 
 from bench.client import QUERY_PATH, auth_headers, burst, warm_up
-from bench.labs import keyed_service, machine, run_name, write_run
+from bench.labs import keyed_service, machine, run_name, utc_now, write_run
 from bench.stats import fmt_interval, interval_dict, one_sample, quantile
 from bench.tables import markdown_table
 
@@ -83,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
         "command": f"python -m bench.refusal --out {args.out} --requests {args.requests}"
         + "".join(f" --env {v}" for v in args.env),
         "cpu": machine(),
-        "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "measured_at": utc_now(),
         "requests": args.requests,
         "burst_s": burst_s,
         "statuses": dict(statuses),

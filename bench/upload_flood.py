@@ -37,7 +37,7 @@ import httpx
 import psutil
 
 from bench.client import burst
-from bench.labs import SMOLLM2_GENERATOR, keyed_service, machine, run_name, write_run
+from bench.labs import SMOLLM2_GENERATOR, keyed_service, machine, run_name, utc_now, write_run
 from bench.tables import markdown_table
 from harness.processes import replica_pids, titled
 
@@ -185,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
         + "".join(f" --env {v}" for v in args.env)
         + (f" --reader {args.reader}" if args.reader != "shipped" else ""),
         "cpu": machine(),
-        "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "measured_at": utc_now(),
         "requests": args.requests,
         "body_bytes": int(args.mib * (1 << 20)),
         "flood_s": flood_to - flood_from,
