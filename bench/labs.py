@@ -78,12 +78,14 @@ def variant_service(
         yield url
 
 
+def reader(model_id: str) -> dict[str, object]:
+    """The overrides that serve the reader prepared at .models/<model_id> (make models-*)."""
+    return {"generator.model_id": model_id, "generator.model_source": f".models/{model_id}"}
+
+
 # The tests' reader (SmolLM2-135M): starts in seconds, for labs that measure what is in front
 # of the generator, and the reader the stored figures of the older plans were read by.
-SMOLLM2_GENERATOR: dict[str, object] = {
-    "generator.model_id": "smollm2-135m-instruct",
-    "generator.model_source": ".models/smollm2-135m-instruct",
-}
+SMOLLM2_GENERATOR = reader("smollm2-135m-instruct")
 
 
 @contextmanager

@@ -14,13 +14,12 @@ from __future__ import annotations
 
 import argparse
 import logging
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from bench import latency, quality
-from bench.labs import SMOLLM2_GENERATOR, variant_service
+from bench.labs import SMOLLM2_GENERATOR, reader, variant_service
 from bench.plots import write_plots
 from harness.service import ROOT
 
@@ -59,6 +58,9 @@ def _load(
     )  # fmt: skip
 
 
+QWEN_GENERATOR = reader("qwen2.5-coder-0.5b-instruct")  # make models-qwen
+QWEN15_GENERATOR = reader("qwen2.5-coder-1.5b-instruct")  # make models-qwen15
+
 PLANS: dict[str, tuple[ServiceVariant, ...]] = {
     "quick": (
         ServiceVariant(
@@ -83,10 +85,7 @@ PLANS: dict[str, tuple[ServiceVariant, ...]] = {
     "qwen": (
         ServiceVariant(
             "qwen",
-            {
-                "generator.model_id": "qwen2.5-coder-0.5b-instruct",
-                "generator.model_source": ".models/qwen2.5-coder-0.5b-instruct",
-            },
+            QWEN_GENERATOR,
             (
                 _load("qwen-none-c1", "none", 1, 5),
                 _load("qwen-sentences-c1", "sentences", 1, 5),
@@ -127,16 +126,6 @@ PLANS: dict[str, tuple[ServiceVariant, ...]] = {
 # docs/quality.md): SmolLM2 in fp32, the shipped reader until `make run` got the 1.5B. A plan
 # names its reader over it; a plan `as_shipped` (eval-default) serves serve_config.yaml as is.
 MEASURED_WITH: dict[str, object] = {**SMOLLM2_GENERATOR, "generator.engine_kwargs.dtype": "float32"}
-# make models-qwen.
-QWEN_GENERATOR: dict[str, object] = {
-    "generator.model_id": "qwen2.5-coder-0.5b-instruct",
-    "generator.model_source": ".models/qwen2.5-coder-0.5b-instruct",
-}
-# make models-qwen15.
-QWEN15_GENERATOR: dict[str, object] = {
-    "generator.model_id": "qwen2.5-coder-1.5b-instruct",
-    "generator.model_source": ".models/qwen2.5-coder-1.5b-instruct",
-}
 
 
 @dataclass(frozen=True)
@@ -208,18 +197,6 @@ def service_overrides(overrides: dict[str, object], as_shipped: bool = False) ->
     return dict(overrides) if as_shipped else {**MEASURED_WITH, **overrides}
 
 
-@contextmanager
-def quality_service(
-    plan: QualityPlan, out_dir: Path, base_config: Path, name: str = "squad"
-) -> Iterator[str]:
-    """The plan's service over the SQuAD index, warmed up; yields its URL and stops it after.
-    Its config and log go to out_dir/<name>.serve.yaml and .serve.log."""
-    overrides = service_overrides({"retriever.index_path": plan.index_path, **plan.overrides},
-                                  plan.as_shipped)  # fmt: skip
-    with variant_service(base_config, overrides, out_dir, name) as url:
-        yield url
-
-
 def run_quality(plan: QualityPlan, out_dir: Path, base_config: Path) -> Path:
     """Serve the SQuAD index (bench.quality prepare builds it), score the sweep, stop; a
     run stopped early goes on where it stopped when started again (bench.quality --resume)."""
@@ -228,7 +205,10 @@ def run_quality(plan: QualityPlan, out_dir: Path, base_config: Path) -> Path:
         label += "-as-shipped"
     elif plan.overrides.get("generator.model_id"):
         label += f"-{plan.overrides['generator.model_id']}"
-    with quality_service(plan, out_dir, base_config) as url:
+    overrides = service_overrides({"retriever.index_path": plan.index_path, **plan.overrides},
+                                  plan.as_shipped)  # fmt: skip
+    # Its config and log go to out_dir/squad.serve.yaml and .serve.log.
+    with variant_service(base_config, overrides, out_dir, "squad") as url:
         argv = [
             "run", "--url", url, "--questions", str(plan.questions), "--sweep", plan.sweep,
             "--max-tokens", str(plan.max_tokens), "--out", str(out_dir), "--label", label,
