@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -47,15 +48,20 @@ def with_client(
         return run(own_client)
 
 
+def openai_error(body: str | bytes) -> dict[str, Any] | None:
+    """The `error` object of an OpenAI-shaped error body; None for any other body."""
+    try:
+        payload = json.loads(body)
+    except ValueError:
+        return None
+    error = payload.get("error") if isinstance(payload, dict) else None
+    return error if isinstance(error, dict) else None
+
+
 def error_text(response: httpx.Response) -> str:
     """The OpenAI-shaped error's message, else the start of the body."""
-    try:
-        message = response.json()["error"]["message"]
-        if isinstance(message, str):
-            return message[:_ERROR_TEXT_CHARS]
-    except (ValueError, KeyError, TypeError):
-        pass
-    return response.text[:_ERROR_TEXT_CHARS]
+    message = (openai_error(response.content) or {}).get("message")
+    return (message if isinstance(message, str) else response.text)[:_ERROR_TEXT_CHARS]
 
 
 def check_ready(client: httpx.Client, timeout_s: float) -> str | None:

@@ -42,7 +42,7 @@ from typing import Any, Literal
 
 import httpx
 
-from bench.client import QUERY_PATH, auth_headers
+from bench.client import QUERY_PATH, auth_headers, openai_error
 
 Endpoint = Literal["rag", "chat"]
 ENDPOINTS: tuple[Endpoint, ...] = ("rag", "chat")
@@ -516,25 +516,15 @@ async def _read_capped(response: httpx.Response) -> str:
 
 
 def _error_message(body: str) -> str:
-    """The message of an OpenAI-shaped error body, else the body itself, cut short."""
-    try:
-        payload = json.loads(body)
-    except ValueError:
+    """The message of an OpenAI-shaped error body (and its code), else the body, cut short."""
+    error = openai_error(body) or {}
+    if not error.get("message"):
         return body[:MAX_ERROR_CHARS]
-    error = payload.get("error") if isinstance(payload, dict) else None
-    if isinstance(error, dict) and error.get("message"):
-        code = error.get("code") or error.get("type")
-        message = f"{error['message']} [{code}]" if code else str(error["message"])
-        return message[:MAX_ERROR_CHARS]
-    return body[:MAX_ERROR_CHARS]
+    code = error.get("code") or error.get("type")
+    return (f"{error['message']} [{code}]" if code else str(error["message"]))[:MAX_ERROR_CHARS]
 
 
 def _error_code(body: str) -> str | None:
     """The `code` of an OpenAI-shaped error body, if it has one."""
-    try:
-        payload = json.loads(body)
-    except ValueError:
-        return None
-    error = payload.get("error") if isinstance(payload, dict) else None
-    code = error.get("code") if isinstance(error, dict) else None
+    code = (openai_error(body) or {}).get("code")
     return code if isinstance(code, str) else None

@@ -36,7 +36,7 @@ from typing import Any
 import httpx
 import psutil
 
-from bench.client import burst
+from bench.client import burst, openai_error
 from bench.labs import SMOLLM2_GENERATOR, keyed_service, machine, run_name, utc_now, write_run
 from bench.tables import markdown_table
 from harness.processes import replica_pids, titled
@@ -107,11 +107,8 @@ async def _upload(client: httpx.AsyncClient, index: int, size: int, sent: list[i
             content=_body(size, sent, index),
             headers={"content-type": f"multipart/form-data; boundary={BOUNDARY}"},
         )
-        outcome: dict[str, Any] = {"status": response.status_code}
-        try:
-            outcome["code"] = response.json()["error"].get("code")
-        except (ValueError, KeyError, TypeError, AttributeError):
-            outcome["code"] = None
+        code = (openai_error(response.content) or {}).get("code")
+        outcome: dict[str, Any] = {"status": response.status_code, "code": code}
     except httpx.HTTPError as exc:
         outcome = {"status": None, "error": type(exc).__name__}
     outcome |= {"index": index, "ms": (time.perf_counter() - started) * 1e3, "sent": sent[index]}
