@@ -17,7 +17,7 @@ and time), injects its fault into processes it started, and stops everything it 
   per node); under steady load the worker node's raylet is killed.
 - fuzz: schemathesis over /openapi.json with the CPU default.
 
-Outcomes per request (bench.outcomes): succeeded, refused (429/503 with Retry-After),
+Outcomes per request (bench.stats): succeeded, refused (429/503 with Retry-After),
 interrupted (a final stream error event after a stage died), failed, hung (no answer within
 the client timeout). Recovery: from the kill to the replica count being whole again, read
 from /readyz polled every 0.5 s.
@@ -35,20 +35,22 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import httpx
 
 from app.config import parse_config
-from bench import outcomes, stats
+from bench import stats
 from bench.client import READY_PATH, ready_replicas, warm_up
 from bench.cluster import NodeSpec, local_cluster
+from bench.labs import started_variant
 from bench.loadgen import RequestRecord, RequestSpec, make_client, run_load
 from bench.questions import DEFAULT_QUESTIONS as QUESTIONS
 from bench.tables import markdown_table
 from harness import processes
-from harness.service import ROOT, free_port, started_service
+from harness.service import ROOT, free_port
 from harness.variant import first_application, write_variant
 
 SCENARIOS = ("overload", "overload-paced", "replica-kill", "node-loss", "fuzz")
@@ -61,6 +63,41 @@ STAGE_OF = {
     "Generator": "generator",
     "RagIngress": "ingress",
 }
+
+
+@dataclass
+class ReadinessLog:
+    """(seconds since start, HTTP status, replicas per stage) of each /readyz poll."""
+
+    samples: list[tuple[float, int | None, dict[str, int]]] = field(default_factory=list)
+
+    def ready_share(self) -> float | None:
+        if not self.samples:
+            return None
+        return sum(status == 200 for _, status, _ in self.samples) / len(self.samples)
+
+    def first_time(self, predicate, after_s: float = 0.0) -> float | None:
+        """When (s) a sample at or after `after_s` first satisfied `predicate(status, replicas)`."""
+        for at_s, status, replicas in self.samples:
+            if at_s >= after_s and predicate(status, replicas):
+                return at_s
+        return None
+
+
+async def watch_readiness(
+    base_url: str, log: ReadinessLog, interval_s: float = 0.5, started: float | None = None
+) -> None:
+    """Poll /readyz until cancelled, appending to `log` (a failed poll records None)."""
+    start = time.perf_counter() if started is None else started
+    async with httpx.AsyncClient(base_url=base_url, timeout=5, trust_env=False) as client:
+        while True:
+            try:
+                response = await client.get(READY_PATH)
+                status, replicas = response.status_code, ready_replicas(response)
+            except (httpx.HTTPError, ValueError):
+                status, replicas = None, {}
+            log.samples.append((time.perf_counter() - start, status, replicas))
+            await asyncio.sleep(interval_s)
 
 
 def specs(count: int, offset: int = 0) -> list[RequestSpec]:
@@ -79,14 +116,12 @@ async def load(
     rate_per_s: float | None = None,
     seed: int = 0,
     strike: tuple[float, Callable[[], object]] | None = None,
-) -> tuple[list[RequestRecord], outcomes.ReadinessLog, float | None]:
+) -> tuple[list[RequestRecord], ReadinessLog, float | None]:
     """Run the load while /readyz is watched; `strike` = (after_s, action) runs the fault.
     Returns the records, the readiness log and when (s from start) the fault struck."""
-    readiness = outcomes.ReadinessLog()
+    readiness = ReadinessLog()
     started = time.perf_counter()
-    watcher = asyncio.create_task(
-        outcomes.watch_readiness(base_url, readiness, 0.5, started=started)
-    )
+    watcher = asyncio.create_task(watch_readiness(base_url, readiness, 0.5, started=started))
     struck_at: list[float] = []
 
     async def fault() -> None:
@@ -111,18 +146,18 @@ async def load(
     return records, readiness, (struck_at[0] if struck_at else None)
 
 
-def summary(records: Sequence[RequestRecord], readiness: outcomes.ReadinessLog) -> dict:
-    rejects = outcomes.reject_ms(records)
-    admitted = outcomes.admitted_e2e_ms(records)
+def summary(records: Sequence[RequestRecord], readiness: ReadinessLog) -> dict:
+    rejects = stats.reject_ms(records)
+    admitted = stats.admitted_e2e_ms(records)
     return {
-        **outcomes.counts(records),
-        "reject_ms_p50": outcomes.percentile(rejects, 50),
-        "reject_ms_p99": outcomes.percentile(rejects, 99),
-        "admitted_e2e_ms_p50": outcomes.percentile(admitted, 50),
-        "admitted_e2e_ms_p99": outcomes.percentile(admitted, 99),
-        "throughput_rps": outcomes.answered_per_s(records),
+        **stats.counts(records),
+        "reject_ms_p50": stats.percentile_or_none(rejects, 50),
+        "reject_ms_p99": stats.percentile_or_none(rejects, 99),
+        "admitted_e2e_ms_p50": stats.percentile_or_none(admitted, 50),
+        "admitted_e2e_ms_p99": stats.percentile_or_none(admitted, 99),
+        "throughput_rps": stats.answered_per_s(records),
         "ready_share": readiness.ready_share(),
-        "failures": outcomes.failures(records),
+        "failures": stats.failures(records),
         "codes": sorted({f"{r.status}:{r.error_code}" for r in records if not r.ok}),
     }
 
@@ -170,13 +205,10 @@ PACED_LIKE_VLLM = {
 
 
 def run_overload(work: Path, seed: int, overrides: dict | None = None, label: str = "") -> dict:
-    port = free_port()
     name = f"overload{label}"
-    config = write_variant(
-        ROOT / "serve_config.yaml", overrides or {}, work / f"{name}.yaml", port=port
-    )
-    limit = parse_config(first_application(config)[1]["args"]).in_flight_limit()
-    with started_service(config, port, work / f"{name}.serve.log") as service:
+    with started_variant(ROOT / "serve_config.yaml", overrides or {}, work, name) as service:
+        config = first_application(work / f"{name}.serve.yaml")[1]["args"]
+        limit = parse_config(config).in_flight_limit()
         warm_up(service.base_url, QUESTIONS[:2], 8, CLIENT_TIMEOUT_S, strict=False)
         capacity_records, capacity_ready, _ = asyncio.run(
             load(service.base_url, specs(2 * limit), concurrency=limit, seed=seed)
@@ -189,8 +221,8 @@ def run_overload(work: Path, seed: int, overrides: dict | None = None, label: st
         )
         overloaded = summary(over_records, over_ready)
     ratio = stats.ratio_ci(
-        outcomes.admitted_e2e_ms(over_records),
-        outcomes.admitted_e2e_ms(capacity_records),
+        stats.admitted_e2e_ms(over_records),
+        stats.admitted_e2e_ms(capacity_records),
         stats.quantile(99),
         seed=seed,
     )
@@ -211,14 +243,10 @@ def run_overload_paced(work: Path, seed: int) -> dict:
 def run_replica_kills(work: Path, seed: int, router: str | None = None) -> list[dict]:
     """`router`: the generator's request router (generator.request_router.kind), else the
     scale profile's own."""
-    port = free_port()
     overrides = {} if router is None else {"generator.request_router.kind": router}
-    config = write_variant(
-        ROOT / "serve_config.scale.yaml", overrides, work / "scale.yaml", port=port
-    )
     whole = {"retriever": 2, "compressor": 2, "generator": 2, "ingress": 2}
     results = []
-    with started_service(config, port, work / "scale.serve.log") as service:
+    with started_variant(ROOT / "serve_config.scale.yaml", overrides, work, "scale") as service:
         warm_up(service.base_url, QUESTIONS[:2], 8, CLIENT_TIMEOUT_S, strict=False)
         targets = [
             ("Retriever", "replica"),
@@ -267,7 +295,7 @@ def run_replica_kills(work: Path, seed: int, router: str | None = None) -> list[
 
 
 def _recovery_s(
-    readiness: outcomes.ReadinessLog, stage: str, struck: float, waited_after_run: float | None
+    readiness: ReadinessLog, stage: str, struck: float, waited_after_run: float | None
 ) -> float | None:
     """Seconds from the kill until the stage had its replicas back for good: the first
     sample from which on every sample of the log taken during the load shows them all (each
@@ -322,16 +350,14 @@ def run_node_loss(work: Path, seed: int) -> dict:
         "placement_after": after,
         "alive_nodes_after": alive,
         "struck_at_s": struck,
-        "after_15s": outcomes.counts(tail),
+        "after_15s": stats.counts(tail),
         **summary(records, readiness),
     }
 
 
 def run_fuzz(work: Path, seed: int, examples: int = 100) -> dict:
-    port = free_port()
     overrides = {"generator.max_tokens_limit": 64, "generator.default_max_tokens": 16}
-    config = write_variant(ROOT / "serve_config.yaml", overrides, work / "fuzz.yaml", port=port)
-    with started_service(config, port, work / "fuzz.serve.log") as service:
+    with started_variant(ROOT / "serve_config.yaml", overrides, work, "fuzz") as service:
         started = time.perf_counter()
         result = subprocess.run(
             [

@@ -2,9 +2,10 @@
 how a run is written.
 
 - `positive_int`, `positive_float`, `label`: argparse types of the labs' options.
-- `variant_service`: a service variant (serve_config.yaml with overrides) started, warmed
-  up and stopped, the one way every lab starts its services; `keyed_service` is
-  serve_config.yaml as shipped with keys required and extra environment for `serve run`.
+- `started_variant`: a service variant (serve_config.yaml with overrides) started and
+  stopped, the one way every lab starts its services; `variant_service` warms it up first;
+  `keyed_service` is serve_config.yaml as shipped with keys required and extra environment
+  for `serve run`.
 - `machine` names the CPU every result is measured on, `utc_now` when; `write_run` stores a
   run's JSON and appends its report to the folder's README; `write_json_and_markdown` writes
   a run's `<stem>.json` and `<stem>.md`.
@@ -25,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.client import warm_up
-from harness.service import ROOT, RunningService, free_port, running_service, started_service
+from harness.service import ROOT, RunningService, free_port, started_service
 from harness.variant import write_variant
 
 logger = logging.getLogger(__name__)
@@ -64,18 +65,31 @@ def variant_service(
     name: str,
     warm: bool = True,
 ) -> Iterator[str]:
+    """`started_variant`, warmed up unless `warm` is False; yields its base URL."""
+    started = time.perf_counter()
+    with started_variant(base_config, overrides, out_dir, name) as service:
+        logger.info("%s ready in %.0f s", name, time.perf_counter() - started)
+        if warm:
+            warm_up(service.base_url)
+        yield service.base_url
+
+
+@contextmanager
+def started_variant(
+    base_config: Path,
+    overrides: Mapping[str, object],
+    out_dir: Path,
+    name: str,
+    env: Mapping[str, str] | None = None,
+) -> Iterator[RunningService]:
     """`base_config` with `overrides` (harness.variant) on a free loopback port, its config
-    and log at `out_dir/<name>.serve.{yaml,log}`, warmed up unless `warm` is False; yields
-    its base URL and stops it on exit. Every lab starts its services this way."""
+    and log at `out_dir/<name>.serve.{yaml,log}`, `env` added to `serve run`'s environment;
+    yields the running service and stops it on exit. Every lab starts its services this way."""
     out_dir.mkdir(parents=True, exist_ok=True)
     port = free_port()
     config = write_variant(base_config, dict(overrides), out_dir / f"{name}.serve.yaml", port)
-    started = time.perf_counter()
-    with running_service(config, port, out_dir / f"{name}.serve.log") as url:
-        logger.info("%s ready in %.0f s", name, time.perf_counter() - started)
-        if warm:
-            warm_up(url)
-        yield url
+    with started_service(config, port, out_dir / f"{name}.serve.log", env) as service:
+        yield service
 
 
 def reader(model_id: str) -> dict[str, object]:
@@ -99,14 +113,11 @@ def keyed_service(
     with keys required (a key made for the run) and `env_assignments` (KEY=VALUE) added to
     `serve run`'s environment; its config and log at `out_dir/<name>.serve.{yaml,log}`.
     Yields the service and the key."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    port = free_port()
-    config = write_variant(
-        ROOT / "serve_config.yaml", dict(overrides or {}), out_dir / f"{name}.serve.yaml", port
-    )
     key = secrets.token_urlsafe(24)
     env = {"RAG_API_KEYS": key, **dict(v.split("=", 1) for v in env_assignments)}
-    with started_service(config, port, out_dir / f"{name}.serve.log", env) as service:
+    with started_variant(
+        ROOT / "serve_config.yaml", overrides or {}, out_dir, name, env
+    ) as service:
         yield service, key
 
 

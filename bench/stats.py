@@ -10,6 +10,13 @@
 - Goodput: successful requests per second that met both SLOs. A request with no TPOT
   (fewer than 2 tokens) cannot miss the TPOT SLO, so only its TTFT is judged.
 
+Outcomes of a reliability run (bench.chaos), one per request (`outcome`): succeeded;
+refused, cleanly before any answer (429 or 503 *with* Retry-After, in the error shape) or,
+once streaming, `interrupted` by a final error event whose code says a stage was
+unavailable; failed (anything else: a 5xx other than those, a 503 without Retry-After, a
+broken or incomplete stream, a transport error); hung (no complete response within the
+client's timeout).
+
 Percentiles are numpy's default ("linear"), linear interpolation between closest ranks:
 for sorted values v[0..n-1] and q in [0, 100], h = (n - 1) * q / 100 and the result is
 v[floor(h)] + (h - floor(h)) * (v[floor(h) + 1] - v[floor(h)]). The median is the 50th.
@@ -163,6 +170,14 @@ class Summary:
         return asdict(self)
 
 
+def duration_s(records: Sequence[RequestRecord]) -> float:
+    """From the first send to the last end of the sent requests, in s (0 for none)."""
+    sent = [r for r in records if r.send_at_ms is not None]
+    ends = [r.end_at_ms for r in sent if r.end_at_ms is not None]
+    starts = [r.send_at_ms for r in sent if r.send_at_ms is not None]
+    return (max(ends) - min(starts)) / 1000 if ends and starts else 0.0
+
+
 def summarize(
     records: Sequence[RequestRecord],
     *,
@@ -175,9 +190,7 @@ def summarize(
     its tpot, from successful requests that reported them."""
     sent = [r for r in records if r.send_at_ms is not None]
     good = [r for r in records if r.ok]
-    ends = [r.end_at_ms for r in sent if r.end_at_ms is not None]
-    starts = [r.send_at_ms for r in sent if r.send_at_ms is not None]
-    duration_s = (max(ends) - min(starts)) / 1000 if ends and starts else 0.0
+    run_s = duration_s(records)
     output_tokens = sum(r.output_tokens for r in good)
     met = sum(meets_slos(r, slo_ttft_ms, slo_tpot_ms) for r in good)
     server: dict[str, Distribution | None] = {
@@ -196,14 +209,14 @@ def summarize(
         failed=len(sent) - len(good),
         not_sent=len(records) - len(sent),
         errors=dict(Counter(r.error_kind for r in records if r.error_kind)),
-        duration_s=duration_s,
-        requests_per_s=per_s(len(good), duration_s),
+        duration_s=run_s,
+        requests_per_s=per_s(len(good), run_s),
         output_tokens=output_tokens,
-        output_tokens_per_s=per_s(output_tokens, duration_s),
+        output_tokens_per_s=per_s(output_tokens, run_s),
         slo_ttft_ms=slo_ttft_ms,
         slo_tpot_ms=slo_tpot_ms,
         met_slos=met,
-        goodput_requests_per_s=per_s(met, duration_s),
+        goodput_requests_per_s=per_s(met, run_s),
         ttft_ms=distribution(r.ttft_ms for r in good if r.ttft_ms is not None),
         tpot_ms=distribution(t for r in good if (t := tpot_ms(r)) is not None),
         itl_ms=distribution(gap for r in good for gap in r.itl_ms),
@@ -252,6 +265,60 @@ def summary_markdown(summary: Summary) -> str:
             tables.markdown_table(header, rows, numeric=range(1, 7)),
         ]
     )
+
+
+# --- outcomes of a reliability run ----------------------------------------------------------
+
+REFUSAL_STATUSES = (429, 503)
+# Error codes of a stream cut short because a stage went away (pipeline.rag._interrupted,
+# and a vLLM engine found dead mid-answer).
+INTERRUPTION_SUFFIXES = ("_unavailable", "_overloaded", "engine_dead")
+
+
+def outcome(record: RequestRecord) -> str:
+    """succeeded | refused | interrupted | failed | hung | not_sent."""
+    if record.ok:
+        return "succeeded"
+    if record.error_kind == "not_sent":
+        return "not_sent"
+    if record.error_kind == "timeout":
+        return "hung"
+    if record.status in REFUSAL_STATUSES and record.retry_after and record.error_code:
+        return "refused"
+    if record.error_kind == "stream_error" and (record.error_code or "").endswith(
+        INTERRUPTION_SUFFIXES
+    ):
+        return "interrupted"
+    return "failed"
+
+
+def counts(records: Sequence[RequestRecord]) -> dict[str, int]:
+    tally = Counter(outcome(record) for record in records)
+    kinds = ("succeeded", "refused", "interrupted", "failed", "hung", "not_sent")
+    return {"sent": sum(r.send_at_ms is not None for r in records)} | {
+        kind: tally.get(kind, 0) for kind in kinds
+    }
+
+
+def reject_ms(records: Sequence[RequestRecord]) -> list[float]:
+    """Time from send to the refusal, for every cleanly refused request."""
+    return [r.e2e_ms for r in records if outcome(r) == "refused" and r.e2e_ms is not None]
+
+
+def admitted_e2e_ms(records: Sequence[RequestRecord]) -> list[float]:
+    return [r.e2e_ms for r in records if r.ok and r.e2e_ms is not None]
+
+
+def answered_per_s(records: Sequence[RequestRecord]) -> float | None:
+    """Complete answers per second, over the span from the first send to the last end."""
+    span_s = duration_s(records)
+    return sum(r.ok for r in records) / span_s if span_s else None
+
+
+def failures(records: Sequence[RequestRecord], limit: int = 5) -> list[str]:
+    """A few failed or hung requests, described for a report or an assertion message."""
+    bad = [r for r in records if outcome(r) in ("failed", "hung")]
+    return [f"#{r.index} {r.status} {r.error_kind} {r.error}" for r in bad[:limit]]
 
 
 # --- 95% intervals -----------------------------------------------------------------------------

@@ -1,6 +1,6 @@
-"""bench.outcomes: each load-generator record sorted into succeeded, refused, interrupted,
-failed, hung or not sent; the figures taken from them; and the /readyz poller, against a tiny
-HTTP server started here."""
+"""bench.stats' outcomes: each load-generator record sorted into succeeded, refused,
+interrupted, failed, hung or not sent; the figures taken from them; and bench.chaos's /readyz
+poller, against a tiny HTTP server started here."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ import time
 
 import pytest
 
-from bench import outcomes
+from bench import stats as outcomes
+from bench.chaos import ReadinessLog, watch_readiness
 from bench.loadgen import RequestRecord
-from bench.outcomes import ReadinessLog, watch_readiness
 
 
 def rec(index: int = 0, **fields) -> RequestRecord:
