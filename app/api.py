@@ -16,6 +16,7 @@ import re
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import dataclass, field
+from typing import Literal
 
 from fastapi import Depends, FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
@@ -228,9 +229,8 @@ async def _models(request: Request) -> ModelList:
 async def _rag_query(body: RagQueryRequest, request: Request):
     state = _state(request)
     history = tuple(Turn(turn.role, turn.content) for turn in body.history)
-    query = _query(
-        state, request, body.question, body, body.max_tokens, body.temperature, history, "history"
-    )
+    asked = Asked(body.question, body, body.max_tokens, body.temperature, history)
+    query = _query(state, request, asked)
     if body.stream:
         return await _stream(state, query, rag_format.sse_events(query))
     result = await _collect(state, query)
@@ -250,10 +250,11 @@ async def _chat_completions(body: ChatCompletionRequest, request: Request):
     chat = openai_format.conversation_of(body)
     max_tokens = body.max_completion_tokens or body.max_tokens
     options = body.rag or RagOptions()
-    query = _query(
-        state, request, chat.question, options, max_tokens, body.temperature, chat.history,
-        "messages", chat.positions,
+    asked = Asked(
+        chat.question, options, max_tokens, body.temperature, chat.history, "messages",
+        chat.positions,
     )  # fmt: skip
+    query = _query(state, request, asked)
     created = int(time.time())
     ignored = chat.ignored_system_messages
     if body.stream:
@@ -264,22 +265,27 @@ async def _chat_completions(body: ChatCompletionRequest, request: Request):
     return JSONResponse(openai_format.completion_body(result, body.model, created, ignored))
 
 
-def _query(
-    state: ApiState,
-    request: Request,
-    question: str,
-    options: RagOptions,
-    max_tokens: int | None,
-    temperature: float | None,
-    history: tuple[Turn, ...] = (),
-    history_param: str = "history",
-    positions: tuple[int, ...] | None = None,
-) -> RagQuery:
+@dataclass(frozen=True)
+class Asked:
+    """What a query route was asked, in the terms both routes share."""
+
+    question: str
+    options: RagOptions
+    max_tokens: int | None
+    temperature: float | None
+    history: tuple[Turn, ...] = ()
+    # The request field the earlier turns came from, named in a 400 about them.
+    history_param: Literal["history", "messages"] = "history"
+    # The turns' indexes in that field, where they differ from their order.
+    positions: tuple[int, ...] | None = None
+
+
+def _query(state: ApiState, request: Request, asked: Asked) -> RagQuery:
     """Validate what the schema cannot know (limits from config, the key's scopes)."""
-    config = state.config
+    config, options = state.config, asked.options
     check_read(grant_of(request), options.collection or DEFAULT_COLLECTION)
-    _check_history(config, history, history_param, positions)
-    question = question.strip()
+    _check_history(config, asked.history, asked.history_param, asked.positions)
+    question = asked.question.strip()
     if not question:
         raise bad_request("question must not be empty", param="question")
     if len(question) > config.ingress.max_question_chars:
@@ -290,7 +296,7 @@ def _query(
     top_k = options.top_k or config.retriever.default_top_k
     if top_k > config.retriever.max_top_k:
         raise bad_request(f"top_k must be at most {config.retriever.max_top_k}", param="top_k")
-    max_tokens = max_tokens or config.generator.default_max_tokens
+    max_tokens = asked.max_tokens or config.generator.default_max_tokens
     if max_tokens > config.generator.max_tokens_limit:
         raise bad_request(
             f"max_tokens must be at most {config.generator.max_tokens_limit}", param="max_tokens"
@@ -300,10 +306,12 @@ def _query(
         top_k=top_k,
         plan=_plan(config, options),
         max_tokens=max_tokens,
-        temperature=(config.generator.default_temperature if temperature is None else temperature),
+        temperature=(
+            config.generator.default_temperature if asked.temperature is None else asked.temperature
+        ),
         request_id=request_id_of(request),
         include_context=options.include_context,
-        history=history,
+        history=asked.history,
         retrieval_query=options.retrieval_query or config.conversation.retrieval_query,
         answer_style=options.answer_style or config.prompt.answer_style,
         citations=config.citations.enabled if options.citations is None else options.citations,
