@@ -44,12 +44,12 @@ import httpx
 from app.config import parse_config
 from bench import stats
 from bench.client import READY_PATH, ready_replicas, warm_up
-from bench.cluster import NodeSpec, local_cluster
 from bench.labs import started_variant
 from bench.loadgen import RequestRecord, RequestSpec, make_client, run_load
 from bench.questions import DEFAULT_QUESTIONS as QUESTIONS
 from bench.tables import markdown_table
 from harness import processes
+from harness.cluster import NodeSpec, local_cluster
 from harness.service import ROOT, free_port
 from harness.variant import first_application, write_variant
 

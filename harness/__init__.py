@@ -4,4 +4,6 @@
   its process group; `vllm_server`: vLLM's own OpenAI server for the same generator.
 - `variant`: a serve config with dotted-key overrides, validated before it is written.
 - `processes`: the processes a started service owns (replicas, engines), for fault tests.
+- `cluster`: a real multi-node Ray cluster on this machine (one `ray start` per node), for
+  the node-loss scenario of bench.chaos.
 """

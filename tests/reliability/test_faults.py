@@ -24,7 +24,7 @@ import httpx
 import pytest
 from services import read_http_reply
 
-from bench import outcomes
+from bench import stats
 from bench.loadgen import RequestSpec, make_client, run_load
 from bench.questions import DEFAULT_QUESTIONS
 from harness import processes
@@ -73,8 +73,8 @@ def test_killing_one_of_two_retrievers_under_load_fails_nothing(service):
 
     records = steady_load(service, 24, kill_after_s=2, victim=lambda: victims[0])
 
-    tally = outcomes.counts(records)
-    assert tally["succeeded"] == 24, (tally, outcomes.failures(records))
+    tally = stats.counts(records)
+    assert tally["succeeded"] == 24, (tally, stats.failures(records))
     assert victims[0] not in processes.replica_pids(service.pid, "Retriever")
     wait_for_replicas(service, "retriever", 2)
 
@@ -117,8 +117,8 @@ def test_killing_every_compressor_degrades_then_recovers(service):
     finally:
         stop.set()
 
-    tally = outcomes.counts(records)
-    assert tally["failed"] == tally["hung"] == 0, outcomes.failures(records)
+    tally = stats.counts(records)
+    assert tally["failed"] == tally["hung"] == 0, stats.failures(records)
     assert tally["succeeded"] + tally["refused"] == 24
     # Asked while no compressor ran: answered with the uncompressed context, saying why.
     assert found, "the service never reported the compressor down"
@@ -160,8 +160,8 @@ def answered_again(service, timeout_s: float = 300) -> float:
 def clean_outcomes(records) -> dict[str, int]:
     """The tally, after checking that no request failed or hung, every one ended one of the
     promised ways, and the fault was felt (some request refused or interrupted)."""
-    tally = outcomes.counts(records)
-    assert tally["failed"] == tally["hung"] == 0, (tally, outcomes.failures(records))
+    tally = stats.counts(records)
+    assert tally["failed"] == tally["hung"] == 0, (tally, stats.failures(records))
     assert tally["succeeded"] + tally["refused"] + tally["interrupted"] == tally["sent"]
     assert tally["refused"] + tally["interrupted"] > 0, ("the fault went unnoticed", tally)
     return tally

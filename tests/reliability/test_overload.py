@@ -22,7 +22,7 @@ from urllib.parse import urlsplit
 import httpx
 import pytest
 
-from bench import outcomes
+from bench import chaos, stats
 from bench.loadgen import RequestSpec, make_client, run_load
 from bench.questions import DEFAULT_QUESTIONS
 
@@ -53,11 +53,11 @@ def specs(count: int, max_tokens: int = 16) -> list[RequestSpec]:
 
 
 def test_ten_times_overload_is_answered_or_cleanly_refused_and_readiness_holds(service):
-    readiness = outcomes.ReadinessLog()
+    readiness = chaos.ReadinessLog()
 
     async def run():
         watcher = asyncio.create_task(
-            outcomes.watch_readiness(service.base_url, readiness, interval_s=0.25)
+            chaos.watch_readiness(service.base_url, readiness, interval_s=0.25)
         )
         async with make_client(
             service.base_url, api_key=service.api_key, request_timeout_s=120
@@ -70,11 +70,11 @@ def test_ten_times_overload_is_answered_or_cleanly_refused_and_readiness_holds(s
 
     records = asyncio.run(run())
 
-    tally = outcomes.counts(records)
-    assert tally["failed"] == tally["hung"] == 0, outcomes.failures(records)
+    tally = stats.counts(records)
+    assert tally["failed"] == tally["hung"] == 0, stats.failures(records)
     assert tally["succeeded"] >= IN_FLIGHT
     assert tally["refused"] > 0  # 40 at once cannot all fit in 4 slots
-    refused = [r for r in records if outcomes.outcome(r) == "refused"]
+    refused = [r for r in records if stats.outcome(r) == "refused"]
     assert {(r.status, r.error_code) for r in refused} == {(503, "overloaded")}
     assert all(int(r.retry_after) >= 1 for r in refused)
     assert readiness.samples and readiness.ready_share() == 1.0

@@ -1,5 +1,4 @@
-"""A fake /readyz server for the tests of the tools that poll it (bench.outcomes,
-bench.chaos)."""
+"""A fake /readyz server for the tests of the tools that poll it (bench.chaos)."""
 
 from __future__ import annotations
 

@@ -11,8 +11,8 @@ import httpx
 import pytest
 
 from bench import chaos
+from bench.chaos import ReadinessLog
 from bench.loadgen import RequestRecord
-from bench.outcomes import ReadinessLog
 from bench.tables import markdown_table
 
 # The header row of every outcome table.

@@ -1,4 +1,4 @@
-"""bench.cluster's parts that need no Ray: forgetting the current-cluster file, and reading
+"""harness.cluster's parts that need no Ray: forgetting the current-cluster file, and reading
 `ray list` and `serve status` answers (canned here, good and bad)."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import tempfile
 
 import pytest
 
-from bench import cluster as cluster_module
-from bench.cluster import Cluster
+from harness import cluster as cluster_module
+from harness.cluster import Cluster
 
 GCS = "127.0.0.1:6379"
 DASHBOARD = "http://127.0.0.1:8265"
