@@ -10,12 +10,14 @@ answered or cleanly refused, nothing ≥ 500 but refusals, readiness holds.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import shutil
 import socket
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -78,6 +80,45 @@ def test_ten_times_overload_is_answered_or_cleanly_refused_and_readiness_holds(s
     assert {(r.status, r.error_code) for r in refused} == {(503, "overloaded")}
     assert all(int(r.retry_after) >= 1 for r in refused)
     assert readiness.samples and readiness.ready_share() == 1.0
+
+
+def test_past_the_capacity_a_query_is_refused_in_serves_proxy_before_the_ingress(service):
+    """Four streams hold the ingress's four slots; a fifth query gets the ingress's 503
+    `overloaded` from Serve's proxy (app.proxy_admission), which learnt the capacity from
+    the ingress's earlier answers: no process behind the proxy logs it, where the ingress
+    logs every request that reaches it."""
+    url = f"{service.base_url}/v1/rag/query"
+    passed_id, refused_id = f"itest-admitted-{uuid.uuid4().hex}", f"itest-shed-{uuid.uuid4().hex}"
+    ask = {"question": QUESTIONS[0], "max_tokens": 1}
+    first = httpx.post(url, json=ask, headers={**service.headers, "x-request-id": passed_id},
+                       timeout=120)  # fmt: skip
+    assert first.status_code == 200
+    assert "x-rag-capacity" not in first.headers  # the ingress's word to the proxy only
+    streaming = {"question": QUESTIONS[1], "max_tokens": 64, "stream": True}
+
+    async def hold_every_slot_then_ask() -> httpx.Response:
+        async with (
+            httpx.AsyncClient(headers=service.headers, timeout=120) as client,
+            contextlib.AsyncExitStack() as held,
+        ):
+
+            async def admitted() -> None:  # its slot is held until the stream ends
+                stream = await held.enter_async_context(client.stream("POST", url, json=streaming))
+                assert stream.status_code == 200
+                await anext(stream.aiter_lines())
+
+            await asyncio.gather(*(admitted() for _ in range(IN_FLIGHT)))
+            return await client.post(url, json=ask, headers={"x-request-id": refused_id})
+
+    refused = asyncio.run(hold_every_slot_then_ask())
+    assert refused.status_code == 503, refused.text
+    assert refused.json()["error"]["code"] == "overloaded"
+    assert int(refused.headers["retry-after"]) >= 1
+    deadline = time.monotonic() + 30
+    while not service.log_lines(passed_id) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert service.log_lines(passed_id), "the ingress logged no request: the check sees nothing"
+    assert not service.log_lines(refused_id)
 
 
 def test_a_body_over_the_limit_is_refused_before_it_is_read(service):
