@@ -58,14 +58,16 @@ KEY_FILE_CHECK_S = 1.0  # how often the key file's modification time is looked a
 
 
 def middlewares(sink: ErrorSink = lambda status, code: None) -> list[Middleware]:
-    """The middlewares Serve's proxy wraps itself in, outermost first: Serve's own failures
-    in the API's error shape (app.proxy_errors), the key check, then admission past the
-    service's capacity (app.proxy_admission). `sink` counts each error they answer
+    """The middlewares Serve's proxy wraps itself in. Serve wraps its app in them in list
+    order, so the last is outermost: the key check first (nothing unauthenticated reaches
+    the rest, nor counts against the capacity), then admission past the service's capacity
+    (app.proxy_admission), then, nearest Serve's app, its own failures in the API's error
+    shape (app.proxy_errors). `sink` counts each error they answer
     (deployments.proxy_callback gives the Ray metric)."""
     return [
         Middleware(ProxyErrorShape, sink=sink),
-        Middleware(ProxyKeyCheck, sink=sink),
         Middleware(ProxyAdmission, sink=sink),
+        Middleware(ProxyKeyCheck, sink=sink),
     ]
 
 

@@ -1,7 +1,7 @@
 """How fast the service refuses what it cannot take: a burst of concurrent queries past its
 admission limit, timed at the client from send to the response's headers.
 
-    python -m bench.refusal --out docs/results/refusal [--requests 150]
+    python -m bench.refusal --out docs/results/refusal [--requests 150] [--without-key]
         [--env RAY_SERVE_ENABLE_DIRECT_INGRESS=1 --env RAY_SERVE_ENABLE_HA_PROXY=1]
 
 Starts serve_config.yaml as shipped (keys required; only the port changed; `--env` adds
@@ -11,6 +11,10 @@ generators can take and refuses the rest with 503 and Retry-After; what matters 
 is how soon it hears so, and that the refusal is in the OpenAI error shape. Every request's
 status, error code, body shape and time are kept in `<name>.json`; the table gives the
 time to refuse (p50, p99 with 95% bootstrap intervals) and the statuses.
+
+`--without-key` sends the same burst with no key: every query is refused 401 by the key
+check in Serve's proxy before any routing (app.proxy_guard), so its times are the floor of
+a refusal through the proxy at this concurrency, on this machine, with this client.
 
 The goal it checks (issue 29): p99 time-to-refuse <= 100 ms at 150 concurrent requests,
 and no response >= 500 other than 503.
@@ -36,7 +40,7 @@ from bench.tables import markdown_table
 QUESTION = "How does prefix caching lower the time to first token?"
 
 
-async def _query(client: httpx.AsyncClient, key: str) -> dict[str, Any]:
+async def _query(client: httpx.AsyncClient, key: str | None) -> dict[str, Any]:
     """One query, timed to its response's headers, with its status and error shape."""
     body = {"question": QUESTION, "max_tokens": 32}
     started = time.perf_counter()
@@ -64,23 +68,27 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--requests", type=int, default=150)
     parser.add_argument("--env", action="append", default=[], help="KEY=VALUE for serve run")
+    parser.add_argument("--without-key", action="store_true", help="The burst sends no key.")
     args = parser.parse_args(argv)
-    name = run_name("refusal", args.env)
+    name = run_name("refusal-without-key" if args.without_key else "refusal", args.env)
     with keyed_service(args.out, name, args.env) as (service, key):
         warm_up(service.base_url, (QUESTION,), api_key=key)  # kernel warm-up: not timed
         started = time.perf_counter()
-        queries = burst(service.base_url, args.requests, 300, lambda c, _: _query(c, key))
+        sent_key = None if args.without_key else key
+        queries = burst(service.base_url, args.requests, 300, lambda c, _: _query(c, sent_key))
         outcomes = asyncio.run(queries)
         burst_s = time.perf_counter() - started
     statuses = Counter(
         f"{o['status']} {o.get('code') or ''} ({o.get('shape', o.get('error'))})".strip()
         for o in outcomes
     )
-    refused = [o["ms"] for o in outcomes if o["status"] == 503 and o["ms"] is not None]
+    refusal = 401 if args.without_key else 503
+    refused = [o["ms"] for o in outcomes if o["status"] == refusal and o["ms"] is not None]
     p99 = one_sample(refused, quantile(99))
     p50 = one_sample(refused, quantile(50))
     document = {
         "command": f"python -m bench.refusal --out {args.out} --requests {args.requests}"
+        + (" --without-key" if args.without_key else "")
         + "".join(f" --env {v}" for v in args.env),
         "cpu": machine(),
         "measured_at": utc_now(),
@@ -95,8 +103,9 @@ def main(argv: list[str] | None = None) -> int:
         ["status (shape)", "requests"], [[s, n] for s, n in sorted(statuses.items())], numeric=(1,)
     )
     report = (
-        f"{args.requests} concurrent queries with a valid key, {burst_s:.1f} s until the last "
-        f"answer, {document['cpu']}. Time to a 503's headers at the client: p50 "
+        f"{args.requests} concurrent queries {'without a' if args.without_key else 'with a valid'}"
+        f" key, {burst_s:.1f} s until the last answer, {document['cpu']}. Time to a "
+        f"{refusal}'s headers at the client: p50 "
         f"{fmt_interval(p50, 0)} ms, p99 {fmt_interval(p99, 0)} ms.\n\n{table}\n"
     )
     write_run(args.out, name, document, report)
