@@ -1,7 +1,8 @@
 """What Serve's HTTP proxy loads through RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH: the
 middlewares of app.proxy_guard (the key check before the body, admission past the service's
-capacity, Serve's failures in the API's error shape), with every error they answer counted in the API's error metric, as the
-ingress counts the errors it answers (a 401 refused in the proxy never reaches it)."""
+capacity, Serve's failures in the API's error shape), with every error they answer counted
+in the API's error metric, as the ingress counts the errors it answers (a 401 refused in
+the proxy never reaches it)."""
 
 from __future__ import annotations
 
