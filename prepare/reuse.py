@@ -23,8 +23,9 @@ retrieved. The layout (`PromptPreparer`) follows from it:
 3. the rest in score order, the only part compression touches; when nothing is compressed
    they too go whole, in the order of their keys (so every replica agrees on it).
 A first version sent every passage retrieved before whole at once, in key order; on the
-skewed workload it was slower (docs/benchmarks.md, "Reusing retrieved passages"), and so
-was a second that seeded the passage retrieved most often before, once was enough.
+skewed workload it was slower (docs/benchmarks.md, "Reusing retrieved passages"); so, where
+no later question came, was a second that seeded the passage retrieved most often before
+after a single retrieval.
 
 A wrong view only costs speed: a passage predicted cached and evicted is prefilled afresh,
 its text is still the retrieved text.
