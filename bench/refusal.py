@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import numpy as np
 
 from bench.client import QUERY_PATH, auth_headers, burst, warm_up
 from bench.labs import keyed_service, machine, run_name, utc_now, write_run
@@ -40,19 +41,37 @@ from bench.tables import markdown_table
 QUESTION = "How does prefix caching lower the time to first token?"
 
 
+# The client's timeline of a request (httpcore's trace events): when it started, its
+# connection was open, its request was written, and its response's headers were read.
+TIMELINE = {
+    "connection.connect_tcp.complete": "connected",
+    "http11.send_request_body.complete": "sent",
+    "http11.receive_response_headers.complete": "headers",
+}
+
+
 async def _query(client: httpx.AsyncClient, key: str | None) -> dict[str, Any]:
-    """One query, timed to its response's headers, with its status and error shape."""
+    """One query, timed to its response's headers, with its status, error shape and its
+    client-side timeline (`at`: perf_counter stamps)."""
     body = {"question": QUESTION, "max_tokens": 32}
     started = time.perf_counter()
+    at = {"started": started}
+
+    async def trace(event: str, info: dict[str, Any]) -> None:
+        if event in TIMELINE:
+            at[TIMELINE[event]] = time.perf_counter()
+
     try:
-        request = client.build_request("POST", QUERY_PATH, json=body, headers=auth_headers(key))
+        request = client.build_request(
+            "POST", QUERY_PATH, json=body, headers=auth_headers(key), extensions={"trace": trace}
+        )
         response = await client.send(request, stream=True)
         headers_ms = (time.perf_counter() - started) * 1e3
         content = await response.aread()
         await response.aclose()
     except httpx.HTTPError as exc:
         return {"status": None, "error": type(exc).__name__, "ms": None}
-    outcome: dict[str, Any] = {"status": response.status_code, "ms": headers_ms}
+    outcome: dict[str, Any] = {"status": response.status_code, "ms": headers_ms, "at": at}
     try:
         error = json.loads(content).get("error")
         outcome["shape"] = "openai" if isinstance(error, dict) else "json"
@@ -61,6 +80,19 @@ async def _query(client: httpx.AsyncClient, key: str | None) -> dict[str, Any]:
         outcome |= {"shape": "not json", "code": None, "text": content[:120].decode("latin-1")}
     outcome["retry_after"] = response.headers.get("retry-after")
     return outcome
+
+
+def timeline_table(refused: list[dict[str, Any]]) -> str:
+    """The refused requests' client-side timeline, ms since the burst began: p50 and p99 of
+    each step (started, connected, sent, headers)."""
+    rows = []
+    for step in ("started", *TIMELINE.values()):
+        times = [o["timeline_ms"][step] for o in refused if step in o.get("timeline_ms", {})]
+        if times:
+            p50, p99 = (quantile(q)(np.asarray(times)) for q in (50, 99))
+            rows.append([step, len(times), f"{p50:.0f}", f"{p99:.0f}"])
+    header = ["refused requests' step, ms since the burst began", "n", "p50", "p99"]
+    return markdown_table(header, rows, numeric=(1, 2, 3))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -78,6 +110,10 @@ def main(argv: list[str] | None = None) -> int:
         queries = burst(service.base_url, args.requests, 300, lambda c, _: _query(c, sent_key))
         outcomes = asyncio.run(queries)
         burst_s = time.perf_counter() - started
+    for outcome in outcomes:  # the timeline in ms since the burst began
+        outcome["timeline_ms"] = {
+            name: (stamp - started) * 1e3 for name, stamp in outcome.pop("at", {}).items()
+        }
     statuses = Counter(
         f"{o['status']} {o.get('code') or ''} ({o.get('shape', o.get('error'))})".strip()
         for o in outcomes
@@ -106,7 +142,8 @@ def main(argv: list[str] | None = None) -> int:
         f"{args.requests} concurrent queries {'without a' if args.without_key else 'with a valid'}"
         f" key, {burst_s:.1f} s until the last answer, {document['cpu']}. Time to a "
         f"{refusal}'s headers at the client: p50 "
-        f"{fmt_interval(p50, 0)} ms, p99 {fmt_interval(p99, 0)} ms.\n\n{table}\n"
+        f"{fmt_interval(p50, 0)} ms, p99 {fmt_interval(p99, 0)} ms.\n\n{table}\n\n"
+        f"{timeline_table([o for o in outcomes if o['status'] == refusal])}\n"
     )
     write_run(args.out, name, document, report)
     return 0
