@@ -14,6 +14,7 @@ how a run is written.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import logging
 import math
@@ -128,10 +129,20 @@ def run_name(prefix: str, env_assignments: Sequence[str]) -> str:
 
 
 def write_run(out_dir: Path, name: str, document: Mapping[str, Any], report: str) -> None:
-    """`out_dir/<name>.json`, and a README section headed by the run's command."""
-    (out_dir / f"{name}.json").write_text(json.dumps(document, indent=1), encoding="utf-8")
+    """`out_dir/<name>.json` (`<name>-2.json` and on when the folder holds that run's
+    settings already: a run never overwrites another's records), and a README section
+    headed by the run's command, naming its records."""
+    records = out_dir / f"{name}.json"
+    for again in itertools.count(2):
+        if not records.exists():
+            break
+        records = out_dir / f"{name}-{again}.json"
+    records.write_text(json.dumps(document, indent=1), encoding="utf-8")
     with (out_dir / "README.md").open("a", encoding="utf-8") as readme:
-        readme.write(f"## `{document['command']}`\n\n{document['measured_at']}. {report}\n")
+        readme.write(
+            f"## `{document['command']}`\n\n{document['measured_at']}, records in "
+            f"{records.name}. {report}\n"
+        )
     print(report)
 
 
