@@ -35,12 +35,12 @@ from app.errors import (
     DEADLINE_PASSED,
     ERROR_RESPONSES,
     ApiError,
+    at_capacity,
     bad_request,
     error_body,
     error_response,
     internal,
     not_ready,
-    overloaded,
     payload_too_large,
     stage_unavailable,
     timed_out,
@@ -375,10 +375,7 @@ def _admit(state: ApiState) -> None:
         down = ", ".join(name for name, status in report.stages.items() if status != "ready")
         raise not_ready(f"not ready: {down or 'starting'}", retry_after_s)
     if not state.gate.try_enter():
-        raise overloaded(
-            f"the service is at capacity ({state.gate.limit} requests in flight); retry shortly",
-            retry_after_s,
-        )
+        raise at_capacity(state.gate.limit, retry_after_s)
 
 
 async def _collect(state: ApiState, query: RagQuery) -> RagResult:

@@ -36,6 +36,11 @@ class ApiError(Exception):
         self.code = code
         self.headers = headers or {}
 
+    @property
+    def metric_code(self) -> str:
+        """What the error metric counts it by: its code, else its type."""
+        return self.code or self.type
+
     @classmethod
     def from_stage(cls, error: StageError, retry_after_s: float = 1.0) -> ApiError:
         headers = _retry_after(retry_after_s) if error.status in (429, 503) else None
@@ -55,6 +60,15 @@ def not_ready(message: str, retry_after_s: float) -> ApiError:
 def overloaded(message: str, retry_after_s: float) -> ApiError:
     return ApiError(
         503, message, "service_unavailable", code="overloaded", headers=_retry_after(retry_after_s)
+    )
+
+
+def at_capacity(in_flight: int, retry_after_s: float) -> ApiError:
+    """The 503 for a query past the service's capacity: the ingress's gate and Serve's
+    proxy (app.proxy_admission) refuse in the same words."""
+    return overloaded(
+        f"the service is at capacity ({in_flight} requests in flight); retry shortly",
+        retry_after_s,
     )
 
 

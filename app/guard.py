@@ -30,7 +30,7 @@ class RequestGuard:
             return
         state = getattr(scope["app"].state, "rag", None)
         serve_id = state.serve_request_id() if state is not None else None
-        request_id = serve_id or request_header(scope, b"x-request-id") or uuid.uuid4().hex
+        request_id = serve_id or request_id_in(scope)
         scope.setdefault("state", {})["request_id"] = request_id
         if serve_id is None:  # Serve's proxy sets the header itself
             send = with_response_header(send, b"x-request-id", request_id.encode())
@@ -92,6 +92,11 @@ def announces_body(scope: Scope) -> bool:
     return request_header(scope, b"transfer-encoding") is not None or (
         length is not None and length.strip() not in ("", "0")
     )
+
+
+def request_id_in(scope: Scope) -> str:
+    """The client's x-request-id, else a new id."""
+    return request_header(scope, b"x-request-id") or uuid.uuid4().hex
 
 
 def request_header(scope: Scope, name: bytes) -> str | None:

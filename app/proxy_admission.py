@@ -4,7 +4,7 @@ refused there, before Serve routes it to an ingress replica.
 The ingress admits at most its in-flight limit per replica (app.admission.InFlightGate) and
 refuses the next query in microseconds, but under a burst the refusal reaches the client
 late: each request first crosses Serve's proxy, its router and the hop to a busy ingress
-replica, on cores the engine is using (docs/security.md, "Refusing fast").
+replica, on cores the engine is using (docs/security.md, "How fast a refusal comes").
 
 The ingress says on every /v1 response how many queries the whole service admits at once
 (CAPACITY_HEADER: its in-flight limit times its replicas, and its Retry-After). The proxy
@@ -19,13 +19,11 @@ and passes everything on.
 
 from __future__ import annotations
 
-import uuid
-
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app.error_metrics import ErrorSink
-from app.errors import overloaded
-from app.guard import request_header
+from app.errors import at_capacity
+from app.guard import request_id_in
 from app.proxy_drain import refuse_unheld
 
 CAPACITY_HEADER = b"x-rag-capacity"
@@ -64,13 +62,9 @@ class ProxyAdmission:
             await self.app(scope, receive, self._learning(send))
             return
         if self._capacity is not None and self._in_flight >= self._capacity[0]:
-            queries, retry_after_s = self._capacity
-            refusal = overloaded(
-                f"the service is at capacity ({queries} requests in flight); retry shortly",
-                retry_after_s,
-            )
-            self._sink(refusal.status, refusal.code or refusal.type)
-            request_id = request_header(scope, b"x-request-id") or uuid.uuid4().hex
+            refusal = at_capacity(*self._capacity)
+            self._sink(refusal.status, refusal.metric_code)
+            request_id = request_id_in(scope)
             await refuse_unheld(refusal, request_id, scope, receive, send)
             return
         self._in_flight += 1

@@ -14,7 +14,6 @@ itself (JSON errors, answers, streams) passes through untouched.
 from __future__ import annotations
 
 import logging
-import uuid
 from collections.abc import MutableMapping
 from typing import Any
 
@@ -22,7 +21,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app.error_metrics import ErrorSink
 from app.errors import ApiError, error_response, internal
-from app.guard import request_header
+from app.guard import request_id_in
 
 logger = logging.getLogger(__name__)
 
@@ -38,7 +37,7 @@ class ProxyErrorShape:
         if scope["type"] != "http" or not scope["path"].startswith("/v1/"):
             await self.app(scope, receive, send)
             return
-        request_id = request_header(scope, b"x-request-id") or uuid.uuid4().hex
+        request_id = request_id_in(scope)
         reply = _Reply(scope, receive, send, request_id, self._sink)
         try:
             await self.app(scope, receive, reply.send)
@@ -88,7 +87,7 @@ class _Reply:
 
     async def send_error(self, error: ApiError) -> None:
         self.started, self.held = True, None
-        self._sink(error.status, error.code or error.type)
+        self._sink(error.status, error.metric_code)
         response = error_response(error, self._request_id)
         await response(self._scope, self._receive, self._send)
 

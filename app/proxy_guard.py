@@ -36,7 +36,6 @@ from __future__ import annotations
 import logging
 import os
 import time
-import uuid
 from collections.abc import Callable
 
 from starlette.middleware import Middleware
@@ -44,7 +43,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from app.error_metrics import ErrorSink
 from app.errors import invalid_api_key
-from app.guard import request_header, send_refusal
+from app.guard import request_header, request_id_in, send_refusal
 from app.proxy_admission import ProxyAdmission
 from app.proxy_drain import refuse_unheld
 from app.proxy_errors import ProxyErrorShape
@@ -92,9 +91,9 @@ class ProxyKeyCheck:
                 settings.auth_required
                 and settings.key_of(request_header(scope, b"authorization")) is None
             ):
-                request_id = request_header(scope, b"x-request-id") or uuid.uuid4().hex
+                request_id = request_id_in(scope)
                 refusal = invalid_api_key()
-                self._sink(refusal.status, refusal.code or refusal.type)
+                self._sink(refusal.status, refusal.metric_code)
                 if self._draining >= settings.proxy_max_draining:
                     await send_refusal(refusal, request_id, scope, receive, send)
                     return
