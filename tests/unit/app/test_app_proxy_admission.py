@@ -5,8 +5,11 @@ from __future__ import annotations
 import asyncio
 import json
 
+import pytest
+
 from app.admission import CapacityHeader
 from app.proxy_admission import CAPACITY_HEADER, ProxyAdmission, capacity_value, parse_capacity
+from app.proxy_guard import middlewares
 
 
 class Ingress:
@@ -29,10 +32,10 @@ class Ingress:
         await send({"type": "http.response.body", "body": b"{}"})
 
 
-async def ask(app, path="/v1/rag/query", method="POST"):
+async def ask(app, path="/v1/rag/query", method="POST", headers=()):
     """One request through `app`: its status, headers and body."""
     scope = {"type": "http", "method": method, "path": path,
-             "headers": [(b"content-length", b"2")]}  # fmt: skip
+             "headers": [(b"content-length", b"2"), *headers]}  # fmt: skip
     sent = []
 
     async def receive():
@@ -77,6 +80,32 @@ def test_past_the_stated_capacity_a_query_is_refused_in_the_proxy_in_the_ingress
     assert calls_while_full == 4  # the refused query never reached the ingress; /v1/models did
     assert after[0] == 200  # answered ones leave room again
     assert counted == [(503, "overloaded")]
+
+
+def test_as_serve_stacks_them_the_key_is_checked_before_admission_counts_a_request(
+    monkeypatch,
+):
+    """Serve wraps its app in the callback's middlewares in list order (the last is
+    outermost): an unauthenticated query must get its 401 even when the service is at
+    capacity, and must not take a place in it."""
+    http_util = pytest.importorskip("ray.serve._private.http_util")
+    key = "k" * 20
+    monkeypatch.setenv("RAG_API_KEYS", key)
+    keyed = [(b"authorization", f"Bearer {key}".encode())]
+
+    async def run():
+        ingress = Ingress(capacity=capacity_value(1, 1.0))
+        app = http_util._apply_middlewares(ingress, middlewares())
+        ingress.release.set()
+        await ask(app, headers=keyed)  # the proxy learns the capacity: 1
+        ingress.release.clear()
+        held = asyncio.create_task(ask(app, headers=keyed))  # takes the one place
+        await asyncio.sleep(0.05)
+        statuses = (await ask(app))[0], (await ask(app, headers=keyed))[0]
+        ingress.release.set()
+        return (*statuses, (await held)[0])
+
+    assert asyncio.run(run()) == (401, 503, 200)
 
 
 def test_until_the_ingress_states_a_capacity_everything_is_passed_on():

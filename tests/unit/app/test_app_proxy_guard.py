@@ -142,54 +142,6 @@ def test_serve_accepts_what_the_callback_returns():
     assert len(http_util.validate_http_proxy_callback_return(middlewares())) == 3
 
 
-def test_as_serve_stacks_them_the_key_is_checked_before_admission_counts_a_request(
-    monkeypatch,
-):
-    """Serve wraps its app in the callback's middlewares in list order (the last is
-    outermost): an unauthenticated query must get its 401 even when the service is at
-    capacity, and must not take a place in it."""
-    http_util = pytest.importorskip("ray.serve._private.http_util")
-    from app.proxy_admission import CAPACITY_HEADER, capacity_value
-
-    monkeypatch.setenv("RAG_API_KEYS", KEY)
-    release = asyncio.Event()
-
-    async def serve_app(scope, receive, send):  # an ingress of capacity 1, answering slowly
-        await receive()
-        await release.wait()
-        headers = [(CAPACITY_HEADER, capacity_value(1, 1.0))]
-        await send({"type": "http.response.start", "status": 200, "headers": headers})
-        await send({"type": "http.response.body", "body": b"{}"})
-
-    async def status(app, headers=()) -> int:
-        scope = {"type": "http", "method": "POST", "path": "/v1/rag/query",
-                 "headers": [(b"content-length", b"2"), *headers]}  # fmt: skip
-        sent = []
-
-        async def receive():
-            return {"type": "http.request", "body": b"{}", "more_body": False}
-
-        async def send(message):
-            sent.append(message)
-
-        await app(scope, receive, send)
-        return sent[0]["status"]
-
-    async def run():
-        app = http_util._apply_middlewares(serve_app, middlewares())
-        keyed = [(b"authorization", f"Bearer {KEY}".encode())]
-        release.set()
-        await status(app, keyed)  # the proxy learns the capacity: 1
-        release.clear()
-        held = asyncio.create_task(status(app, keyed))  # takes the one place
-        await asyncio.sleep(0.05)
-        statuses = await status(app), await status(app, keyed)
-        release.set()
-        return (*statuses, await held)
-
-    assert asyncio.run(run()) == (401, 503, 200)
-
-
 def test_each_refusal_is_counted_in_the_error_sink():
     counted = []
     check = ProxyKeyCheck(
