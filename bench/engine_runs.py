@@ -63,7 +63,9 @@ async def measure_point(
 
 # The environment that decides how a CPU engine runs: its threads' cores, its KV cache, and
 # an OpenMP runtime preloaded in place of the default one. Recorded with every run.
-ENGINE_ENVIRONMENT = ("VLLM_CPU_OMP_THREADS_BIND", "VLLM_CPU_KVCACHE_SPACE", "LD_PRELOAD")
+ENGINE_ENVIRONMENT = (
+    "VLLM_CPU_OMP_THREADS_BIND", "VLLM_CPU_KVCACHE_SPACE", "VLLM_CPU_INT4_W4A8", "LD_PRELOAD",
+)  # fmt: skip
 
 
 def engine_environment() -> dict[str, str | None]:

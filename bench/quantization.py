@@ -10,7 +10,11 @@ checkpoints with scripts/quantize_models.py):
 - bf16: the same weights in bfloat16, a latency probe only;
 - int8: W8A8 (SmoothQuant + GPTQ), the `-w8a8` checkpoint;
 - int4: W4A16 (GPTQ, groups of 128), the `-w4a16` checkpoint, in bfloat16: vLLM's CPU WNA16
-  kernel has no float32 path (`"cpu_gemm_wna16" not implemented for 'Float'`).
+  kernel has no float32 path (`"cpu_gemm_wna16" not implemented for 'Float'`);
+- int4a8: the same checkpoint run as W4A8 (activations quantized to int8 per token at run
+  time, AMX's int8 tiles): what vLLM 0.29 does with a 4-bit checkpoint by default on a CPU
+  with AMX (VLLM_CPU_INT4_W4A8=1), so `int4` sets VLLM_CPU_INT4_W4A8=0 to stay W4A16, and
+  `int4a8` refuses to run on a CPU without AMX, where vLLM would quietly run W4A16.
 Every reader was prepared by dequantising a 4-bit GGUF (Q4_K_M for the Qwens), so "fp32"
 already carries 4-bit rounding: a requantised model's loss measured here understates what a
 full-precision model would lose.
@@ -79,14 +83,32 @@ class Variant:
     suffix: str  # appended to the reader's folder name; "" for its own weights
     dtype: str
     weights: str
+    environment: tuple[tuple[str, str], ...] = ()  # set for the engine, recorded in the run
+    needs_cpu_flag: str | None = None  # /proc/cpuinfo flag without which it cannot run
 
 
 VARIANTS = {
     "fp32": Variant("", "float32", "prepared weights"),
     "bf16": Variant("", "bfloat16", "prepared weights"),
     "int8": Variant("-w8a8", "float32", "W8A8 INT8 (SmoothQuant + GPTQ)"),
-    "int4": Variant("-w4a16", "bfloat16", "W4A16 INT4 (GPTQ, group 128)"),
+    "int4": Variant(
+        "-w4a16", "bfloat16", "W4A16 INT4 (GPTQ, group 128)", (("VLLM_CPU_INT4_W4A8", "0"),)
+    ),
+    "int4a8": Variant(
+        "-w4a16",
+        "bfloat16",
+        "W4A8: the INT4 checkpoint, int8 activations (AMX)",
+        (("VLLM_CPU_INT4_W4A8", "1"),),
+        needs_cpu_flag="amx_int8",
+    ),
 }
+
+
+def unmet_cpu_flag(variant: Variant, flags: set[str]) -> str | None:
+    """Why `variant` cannot run on a CPU with `flags`, or None."""
+    if variant.needs_cpu_flag is None or variant.needs_cpu_flag in flags:
+        return None
+    return f"{variant.weights} needs a CPU with {variant.needs_cpu_flag}; this one has none"
 
 
 def checkpoint(reader: str, variant: str) -> Path:
@@ -142,6 +164,10 @@ def _run(args: argparse.Namespace, step: str) -> dict[str, Any]:
     folder, variant = checkpoint(args.reader, args.variant), VARIANTS[args.variant]
     if not (folder / "config.json").is_file():
         raise SystemExit(f"{folder} is missing: run `make models-quantized` first")
+    unmet = unmet_cpu_flag(variant, cpu_info()[1])
+    if unmet is not None:
+        raise SystemExit(unmet)
+    os.environ.update(variant.environment)
     questions = squad_sample(args.questions if step == "quality" else
                              (args.block + 1) * (args.n1 + args.n8), args.seed)  # fmt: skip
     if step == "latency":
@@ -330,12 +356,6 @@ def summarize(runs: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
                         latency_pairs(base, own, f"{key}_ms"))  # fmt: skip
                     entry[f"c{c}"][f"{key}_vs_{reference}"] = stats.interval_dict(ratio)
         quality = [r for r in mine if r["step"] == "quality"]
-        base_q = [
-            r
-            for r in runs
-            if (r["step"], r["reader"], r["config"]["style"], r["variant"])
-            == ("quality", reader, style, BASELINE)
-        ]
         if quality:
             q = quality[-1]
             rows = q["points"][0]["rows"]
@@ -346,10 +366,13 @@ def summarize(runs: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
                 entry["quality"][key] = stats.interval_dict(
                     stats.one_sample((r[key] for r in rows), stat=stats.sample_mean)
                 )
-                if base_q and variant != BASELINE:
-                    entry["quality"][f"{key}_vs_fp32"] = stats.interval_dict(
-                        stats.paired_difference(quality_pairs(base_q[-1], q, key))
-                    )
+                for reference in REFERENCES:  # answers of the same machine's fp32 and bf16
+                    base_q = [r for r in runs if (r["step"], r["reader"], r["config"]["style"],
+                              r["variant"]) == ("quality", reader, style, reference)]  # fmt: skip
+                    if base_q and variant != reference:
+                        entry["quality"][f"{key}_vs_{reference}"] = stats.interval_dict(
+                            stats.paired_difference(quality_pairs(base_q[-1], q, key))
+                        )
         entries.append(entry)
     return entries
 
@@ -375,7 +398,7 @@ SPEED_HEADER = [
 ]  # fmt: skip
 ANSWERS_HEADER = [
     "reader", "style", "variant", "n", "F1", "EM", "contains gold", "gold in context",
-    "F1 vs fp32", "EM vs fp32", "contains gold vs fp32",
+    "F1 vs fp32", "EM vs fp32", "contains gold vs fp32", "F1 vs bf16", "contains gold vs bf16",
 ]  # fmt: skip
 
 
@@ -402,6 +425,7 @@ def _answer_row(e: dict[str, Any], q: dict[str, Any]) -> list[str]:
         e["reader"], e["style"], e["variant"], str(q["n"]), _score(q["f1"]), _score(q["em"]),
         _score(q["contains_gold"]), _score(q["gold_in_context"]), _diff(q.get("f1_vs_fp32")),
         _diff(q.get("em_vs_fp32")), _diff(q.get("contains_gold_vs_fp32")),
+        _diff(q.get("f1_vs_bf16")), _diff(q.get("contains_gold_vs_bf16")),
     ]  # fmt: skip
 
 
@@ -418,9 +442,10 @@ def markdown(entries: Sequence[dict[str, Any]], command: str) -> str:
         markdown_table(
             ANSWERS_HEADER, [_answer_row(e, e["quality"]) for e in entries if e.get("quality")]
         ), "",
-        "Scores are means with a bootstrap 95% CI; differences are variant - fp32 per question "
-        "(paired). Speed comes from the table above only: the answering runs keep their timings "
-        "in their records, but they may overlap other work.",
+        "Scores are means with a bootstrap 95% CI; differences are variant - reference (fp32, "
+        "bf16) per question (paired), where the reference answered the same questions. Speed "
+        "comes from the table above only: the answering runs keep their timings in their "
+        "records, but they may overlap other work.",
     ]) + "\n"  # fmt: skip
 
 

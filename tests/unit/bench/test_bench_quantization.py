@@ -38,6 +38,17 @@ def test_checkpoints_sit_beside_the_reader_named_by_scheme() -> None:
     assert q.VARIANTS["int4"].dtype == "bfloat16"  # the CPU WNA16 kernel has no fp32 path
 
 
+def test_the_4_bit_checkpoint_runs_as_w4a16_or_as_w4a8_only_where_named() -> None:
+    # vLLM runs a 4-bit checkpoint as W4A8 by default on an AMX CPU: `int4` must say W4A16.
+    int4, int4a8 = q.VARIANTS["int4"], q.VARIANTS["int4a8"]
+    assert q.checkpoint("qwen1.5b", "int4a8") == q.checkpoint("qwen1.5b", "int4")
+    assert dict(int4.environment) == {"VLLM_CPU_INT4_W4A8": "0"}
+    assert dict(int4a8.environment) == {"VLLM_CPU_INT4_W4A8": "1"}
+    assert q.unmet_cpu_flag(int4, {"avx512f"}) is None
+    assert q.unmet_cpu_flag(int4a8, {"amx_int8", "amx_tile"}) is None
+    assert "amx_int8" in (q.unmet_cpu_flag(int4a8, {"avx512f", "avx512_bf16"}) or "")
+
+
 def test_score_counts_the_gold_in_the_answer_and_in_the_context() -> None:
     s = q.score("It was Denver Broncos.", ["Denver Broncos"], "The Denver Broncos won.")
     assert s["contains_gold"] == 1.0 and s["gold_in_context"] == 1.0
@@ -73,7 +84,22 @@ def test_summary_gives_ratios_and_paired_score_differences_against_fp32() -> Non
     answers = [
         line for line in text.splitlines() if line.startswith("| qwen0.5b | short | int4 | 20 |")
     ]
-    assert len(answers) == 1 and answers[0].count("|") == 12  # 11 columns
+    assert len(answers) == 1 and answers[0].count("|") == 14  # 13 columns
+
+
+def test_answers_are_also_paired_with_bf16_when_it_answered_the_same_questions() -> None:
+    ids = {f"id{i}": 1.0 if i % 3 else 0.0 for i in range(30)}
+    better = {k: min(1.0, v + 0.5) for k, v in ids.items()}
+    runs = [_quality("bf16", ids), _quality("int4a8", better)]
+    entries = {e["variant"]: e for e in q.summarize(runs)}
+    assert list(entries) == ["bf16", "int4a8"]  # no fp32 answered: no pairing with it
+    answers = entries["int4a8"]["quality"]
+    assert "f1_vs_fp32" not in answers
+    assert (
+        answers["f1_vs_bf16"]["estimate"] == pytest.approx(5 / 30)
+        and answers["f1_vs_bf16"]["n"] == 30
+    )
+    assert "f1_vs_bf16" not in entries["bf16"]["quality"]
 
 
 def test_run_files_name_step_reader_variant_style_and_block() -> None:
