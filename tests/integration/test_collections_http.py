@@ -334,12 +334,16 @@ def test_an_upload_past_the_keys_bytes_in_flight_is_refused_while_another_stream
     holder = threading.Thread(target=hold)
     holder.start()
     try:
-        deadline = time.monotonic() + 30
-        while True:  # until the chunked upload has reached the ingress and holds its share
+        # Until the chunked upload has reached the ingress and holds its share. The holder
+        # must still be sending then: if it was answered, its answer says why (a CI run once
+        # polled 30 s here without seeing the reservation and never showed the holder's).
+        deadline = time.monotonic() + 60
+        while holder.is_alive():
             refused = client.post(url, json={"documents": [FILLER[0]]})
             if refused.status_code != 202 or time.monotonic() > deadline:
                 break
             time.sleep(0.2)
+        assert holder.is_alive(), [(answer.status_code, answer.text) for answer in answers]
         assert_error(refused, 429, "upload_budget_exceeded")
         assert refused.headers["retry-after"]
         other_key = {"Authorization": f"Bearer {SECOND_KEY}"}
