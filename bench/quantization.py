@@ -58,6 +58,7 @@ from bench.engine_runs import (
     service_messages,
 )
 from bench.labs import cpu_info, positive_int, utc_now, write_json_and_markdown
+from bench.squad import DEFAULT_CACHE_DIR, SQUAD_DEV_FILENAME
 from bench.tables import markdown_table
 
 READERS = {
@@ -65,7 +66,7 @@ READERS = {
     "qwen0.5b": Path(".models/qwen2.5-coder-0.5b-instruct"),
     "qwen1.5b": Path(".models/qwen2.5-coder-1.5b-instruct"),
 }
-SQUAD_PATH = Path(".cache/squad/squad-v1.1-dev.json")
+SQUAD_PATH = DEFAULT_CACHE_DIR / SQUAD_DEV_FILENAME
 SQUAD_INDEX = Path("indexes/squad-dev")
 OUT = Path("docs/results/quantization")
 BASELINE = "fp32"

