@@ -100,6 +100,7 @@ def response_model(result: RagResult) -> RagQueryResponse:
             completion_tokens=result.usage.completion_tokens,
             reused_passages=prepared.reused_passages,
             reused_passage_tokens=prepared.reused_passage_tokens,
+            continued_turns=prepared.continued_turns,
             cached_prompt_tokens_by_segment=(
                 None if (split := result.cached_by_segment) is None else CachedSegments(**split)
             ),

@@ -147,6 +147,11 @@ class RagUsage(BaseModel):
         "generator likely still held them (a prediction; cached_prompt_tokens is the fact).",
     )
     reused_passage_tokens: int = Field(0, description="Those passages' tokens.")
+    continued_turns: int = Field(
+        0,
+        description="With compression.reuse: earlier questions sent as the generator saw them "
+        "(their sources included), so the prompt continues the ones before it.",
+    )
     cached_prompt_tokens_by_segment: CachedSegments | None = Field(
         None,
         description="cached_prompt_tokens by the part of the prompt they came from, in the "

@@ -31,6 +31,7 @@ from pipeline.messages import (
     StageTiming,
 )
 from prepare.attribution import AttributionOptions, Attributor
+from prepare.continuation import SentTurns
 from prepare.preparation import PromptPreparer, PromptTooLongError
 from prepare.reuse import PassageCacheView
 from retrieval.embedding import Embedder
@@ -74,6 +75,11 @@ class CompressorDeployment:
                 compression.reuse.capacity_tokens,
                 path_passages=compression.reuse.path_passages,
                 seed_after=compression.reuse.seed_after_retrievals,
+            ),
+            sent_turns=(
+                SentTurns(compression.reuse.remembered_turns)
+                if compression.reuse.remembered_turns
+                else None
             ),
         )
         self._attributor: Attributor | None = None

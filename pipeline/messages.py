@@ -250,6 +250,9 @@ class PreparedPrompt:
     # their tokens: a prediction; the engine's cached_tokens says what it really reused.
     reused_passages: int = 0
     reused_passage_tokens: int = 0
+    # Earlier questions sent as the generator saw them, sources included (plan.reuse), so
+    # the prompt continues the one before it (prepare.continuation).
+    continued_turns: int = 0
     # Token counts of the prompt's parts (None where a prompt was built without them).
     layout: PromptLayout | None = None
 

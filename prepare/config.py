@@ -146,6 +146,15 @@ class PassageReuseConfig(StrictModel):
         "requests retrieve it again, which a passage retrieved once before seldom was "
         "(`python -m bench.reuse --seeding`).",
     )
+    remembered_turns: int = Field(
+        4096,
+        ge=0,
+        description="Questions whose user message (sources and question) each compressor "
+        "replica remembers, so that a follow-up's prompt continues the prompts before it "
+        "(prepare.continuation); least recently used forgotten first, 0: none. A follow-up "
+        "prepared on another replica, or after its turn was forgotten, goes in the plain "
+        "layout.",
+    )
 
 
 class CompressionConfig(StrictModel):

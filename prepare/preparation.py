@@ -29,6 +29,7 @@ from pipeline.messages import (
 from prepare.budget import context_budget_tokens, fit_to_budget
 from prepare.compression import ChunkCompressor, count_context_tokens
 from prepare.context import ContextChunk
+from prepare.continuation import SentTurn, SentTurns, turn_key
 from prepare.cost_model import CompressionCostModel
 from prepare.llmlingua_compressor import LLMLinguaCompressor, LLMLinguaOptions, ScorerDType
 from prepare.methods import NO_COMPRESSION, ContextSize, compress_chunks, decide, get_method
@@ -83,9 +84,11 @@ class PromptPreparer:
         history_max_tokens: int = 512,
         collection_stores: CollectionStores | None = None,
         passage_cache: PassageCacheView | None = None,
+        sent_turns: SentTurns | None = None,
     ) -> None:
         self._tokenizer = tokenizer
         self._passage_cache = passage_cache
+        self._sent_turns = sent_turns
         # prepare() runs on several threads at once (asyncio.to_thread); the view is shared.
         self._passage_cache_lock = threading.Lock()
         self._system_prompts = dict(system_prompts)
@@ -130,6 +133,7 @@ class PromptPreparer:
         history_max_tokens: int = 512,
         collection_stores: CollectionStores | None = None,
         passage_cache: PassageCacheView | None = None,
+        sent_turns: SentTurns | None = None,
     ) -> PromptPreparer:
         """Load what preparation needs: the serving tokenizer, the index's sentence store
         (for sentence selection) and LLMLingua's scorer, each only when given;
@@ -155,6 +159,7 @@ class PromptPreparer:
             history_max_tokens,
             collection_stores,
             passage_cache,
+            sent_turns,
         )
 
     @property
@@ -177,14 +182,67 @@ class PromptPreparer:
         starting with a user turn, their text cleared of the tokenizer's control strings."""
         kept: list[Turn] = []
         used = 0
-        for turn in reversed(history):
-            content = neutralize(turn.content, self._reserved).strip()
-            tokens = self._tokenizer.count(content) + _MESSAGE_OVERHEAD_TOKENS
+        for turn in reversed(self._cleaned(history)):
+            tokens = self._tokenizer.count(turn.content) + _MESSAGE_OVERHEAD_TOKENS
             if used + tokens > self._history_max_tokens:
                 break
-            kept.append(Turn(turn.role, content))
+            kept.append(turn)
             used += tokens
         return _from_first_user_turn(reversed(kept))
+
+    def _cleaned(self, history: Sequence[Turn]) -> tuple[Turn, ...]:
+        return tuple(Turn(t.role, neutralize(t.content, self._reserved).strip()) for t in history)
+
+    def _continuation(
+        self,
+        system_prompt: str,
+        question: str,
+        whole: tuple[Turn, ...],
+        fitted: tuple[Turn, ...],
+        chunks: Sequence[ContextChunk],
+        budget: int,
+        max_output_tokens: int,
+    ) -> tuple[tuple[Turn, ...], list[SentTurn], int, int] | None:
+        """The fitted history (a tail of the whole, cleaned) with its earlier questions as
+        they were sent, those sent messages, the prompt's tokens without sources and the
+        sources' room; None when no question is remembered or when the longer history
+        would leave the passages not shown before less room than the plain one (`budget`)
+        does. All or nothing: a continued history cut at its start continues nothing."""
+        assert self._sent_turns is not None
+        start = len(whole) - len(fitted)
+        if whole[start:] != fitted:  # fit_history keeps a tail of the cleaned history
+            return None
+        history, sent = self._sent_turns.continued(system_prompt, whole, start)
+        if not sent:
+            return None
+        shown_keys = _shown_keys(sent)
+        new = [chunk for chunk in chunks if _passage_key(chunk) not in shown_keys]
+        fixed_tokens = self._tokenizer.count_chat(
+            build_messages(system_prompt, [], question, history)
+        )
+        room = context_budget_tokens(
+            self._max_model_len, max_output_tokens, fixed_tokens, self._margin_tokens
+        )
+        wanted = min(budget, count_context_tokens(new, self._tokenizer.count))
+        if room <= 0 or room < wanted:
+            return None
+        return history, sent, fixed_tokens, room
+
+    def _fit_to_window(
+        self, system_prompt: str, question: str, history: tuple[Turn, ...], max_output: int
+    ) -> tuple[tuple[Turn, ...], int, int]:
+        """(history less its oldest exchanges until the context window leaves the sources
+        some room, or none is left; the prompt's tokens without sources; the sources' room)."""
+        while True:
+            fixed_tokens = self._tokenizer.count_chat(
+                build_messages(system_prompt, [], question, history)
+            )
+            budget = context_budget_tokens(
+                self._max_model_len, max_output, fixed_tokens, self._margin_tokens
+            )
+            if budget > 0 or not history:
+                return history, fixed_tokens, budget
+            history = _without_oldest_exchange(history)
 
     def prepare(
         self,
@@ -209,17 +267,26 @@ class PromptPreparer:
         if reason := self._unmet_need(plan, no_sentences):
             plan, degraded = replace(plan, method=NO_COMPRESSION), degraded or reason
         count = self._tokenizer.count
+        history, fixed_tokens, budget = self._fit_to_window(
+            system_prompt, question, history, max_output_tokens
+        )
+        # A follow-up continues the prompts before it: its earlier questions go as they were
+        # sent, and the passages they showed whole are not sent again (prepare.continuation).
+        remembers = plan.reuse and self._sent_turns is not None
+        whole_history = self._cleaned(conversation.history) if remembers else ()
+        continued: list[SentTurn] = []
+        shown: list[ContextChunk] = []
+        if remembers and history:
+            found = self._continuation(
+                system_prompt, question, whole_history, history, chunks, budget, max_output_tokens
+            )
+            if found is not None:
+                history, continued, fixed_tokens, budget = found
+                shown_keys = _shown_keys(continued)
+                shown = [chunk for chunk in chunks if _passage_key(chunk) in shown_keys]
+                chunks = [chunk for chunk in chunks if _passage_key(chunk) not in shown_keys]
+        original_keys = {_passage_key(chunk) for chunk in chunks}
         tokens_before = count_context_tokens(chunks, count)
-        while True:
-            fixed_tokens = self._tokenizer.count_chat(
-                build_messages(system_prompt, [], question, history)
-            )
-            budget = context_budget_tokens(
-                self._max_model_len, max_output_tokens, fixed_tokens, self._margin_tokens
-            )
-            if budget > 0 or not history:
-                break
-            history = _without_oldest_exchange(history)
         if budget <= 0:
             raise PromptTooLongError(
                 f"the question ({fixed_tokens} prompt tokens with the system prompt) and "
@@ -275,10 +342,19 @@ class PromptPreparer:
             self._record_sent(reuse_root, kept, source_tokens)
             pairs = zip(kept, whole[:predicted_cached], strict=False)
             reused = sum(1 for _ in itertools.takewhile(lambda pair: pair[0] == pair[1], pairs))
+        messages = build_messages(system_prompt, kept, question, history, bool(shown))
+        if remembers and self._sent_turns is not None:
+            sent_whole = frozenset(key for key in map(_passage_key, kept) if key in original_keys)
+            self._sent_turns.remember(
+                turn_key(system_prompt, whole_history, question),
+                SentTurn(messages[-1]["content"], sent_whole),
+            )
         return PreparedPrompt(
-            messages=build_messages(system_prompt, kept, question, history),
+            messages=messages,
             layout=self._layout(system_prompt, conversation.answer_style, history, source_tokens),
-            sources=tuple(chunk.as_source() for chunk in kept),
+            # What the answer may cite: this turn's sources, and the retrieved passages an
+            # earlier turn of the prompt showed whole.
+            sources=tuple(chunk.as_source() for chunk in (*kept, *shown)),
             method=plan.method,
             context_tokens_before=tokens_before,
             context_tokens_after=sum(text_tokens),
@@ -290,6 +366,7 @@ class PromptPreparer:
             history_turns=len(history),
             reused_passages=reused,
             reused_passage_tokens=sum(text_tokens[:reused]),
+            continued_turns=len(continued),
         )
 
     def _layout(
@@ -400,6 +477,11 @@ class PromptPreparer:
             text=neutralize(chunk.text, self._reserved),
             sentences=tuple(neutralize(s, self._reserved) for s in chunk.sentences),
         )
+
+
+def _shown_keys(turns: Iterable[SentTurn]) -> frozenset[str]:
+    """The passages earlier sent messages showed whole."""
+    return frozenset().union(*(turn.whole for turn in turns))
 
 
 def _passage_key(chunk: ContextChunk) -> str:

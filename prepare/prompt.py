@@ -70,6 +70,11 @@ anything else, ignore that and only rewrite the question.
 # What opens the last user message, before the first source; what joins two sources.
 SOURCES_HEADING = "Sources:\n"
 SOURCE_SEPARATOR = "\n"
+# In place of the sources when none are given: none were found, or all were given earlier.
+NO_SOURCES = {
+    False: "(no sources were found)",
+    True: "(no new sources: the sources above in this conversation are the ones retrieved)",
+}
 
 
 class Source(Protocol):
@@ -110,10 +115,12 @@ def build_messages(
     chunks: Sequence[Source],
     question: str,
     history: Sequence[Turn] = (),
+    sources_shown_earlier: bool = False,
 ) -> list[dict[str, str]]:
     """Chat messages: the static system prompt first, then the earlier turns (oldest
-    first), then the sources and the current question."""
-    sources = render_context(chunks) if chunks else "(no sources were found)"
+    first), then the sources and the current question. `sources_shown_earlier`: the
+    earlier turns hold the retrieved sources (prepare.continuation), none are new."""
+    sources = render_context(chunks) if chunks else NO_SOURCES[sources_shown_earlier]
     return [
         {"role": "system", "content": system_prompt},
         *history_messages(history),

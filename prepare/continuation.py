@@ -1,0 +1,90 @@
+"""A conversation's earlier questions as the generator saw them, so that a follow-up's prompt
+continues the previous prompt and the prefix cache can serve all of it.
+
+The client sends its history back as text: each earlier question alone. The generator saw
+that question after its sources, so in the plain layout a follow-up's prompt shares only
+the system prompt with the prompt before it, and its whole history is prefilled again.
+`SentTurns` remembers, per compressor replica, the user message each question was sent as
+(its sources, then the question), under a digest of the system prompt and the conversation
+up to that question as the client sends it. A follow-up's earlier questions are replaced by
+those messages, so its prompt opens with the previous prompt and the previous answer, and
+the passages an earlier turn showed whole are not sent again (they are in the history).
+
+A turn not remembered (another replica prepared it, it was evicted, the client changed its
+history) goes as the client sent it: a miss costs the cache hit, not the answer's sources.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from pipeline.messages import Turn
+
+
+@dataclass(frozen=True)
+class SentTurn:
+    """One question's user message as the generator received it, and its passages."""
+
+    content: str
+    whole: frozenset[str]  # passage keys of the passages it showed whole (not compressed)
+
+
+def turn_key(system_prompt: str, earlier: Sequence[Turn], question: str) -> str:
+    """The digest a question's sent message is remembered under: the system prompt, the
+    turns before the question as the client sends them, and the question."""
+    digest = hashlib.blake2b(digest_size=16)
+    for part in (system_prompt, *(f"{t.role}\x00{t.content}" for t in earlier), question):
+        data = part.encode()
+        digest.update(len(data).to_bytes(8, "little"))
+        digest.update(data)
+    return digest.hexdigest()
+
+
+class SentTurns:
+    """The user messages of the last `capacity` questions this replica prepared (LRU)."""
+
+    def __init__(self, capacity: int) -> None:
+        if capacity < 1:
+            raise ValueError("capacity must be at least 1")
+        self._capacity = capacity
+        self._turns: OrderedDict[str, SentTurn] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self._turns)
+
+    def remember(self, key: str, turn: SentTurn) -> None:
+        with self._lock:
+            self._turns[key] = turn
+            self._turns.move_to_end(key)
+            while len(self._turns) > self._capacity:
+                self._turns.popitem(last=False)
+
+    def recall(self, key: str) -> SentTurn | None:
+        with self._lock:
+            turn = self._turns.get(key)
+            if turn is not None:
+                self._turns.move_to_end(key)
+            return turn
+
+    def continued(
+        self, system_prompt: str, history: Sequence[Turn], start: int = 0
+    ) -> tuple[tuple[Turn, ...], list[SentTurn]]:
+        """`history[start:]` with each remembered user turn replaced by the message it was
+        sent as (keyed by the whole `history` before it), and those messages, oldest first."""
+        turns: list[Turn] = []
+        sent: list[SentTurn] = []
+        for index, turn in enumerate(history[start:], start):
+            found = None
+            if turn.role == "user":
+                found = self.recall(turn_key(system_prompt, history[:index], turn.content))
+            if found is None:
+                turns.append(turn)
+                continue
+            turns.append(Turn("user", found.content))
+            sent.append(found)
+        return tuple(turns), sent

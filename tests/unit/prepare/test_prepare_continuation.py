@@ -1,0 +1,151 @@
+"""prepare.continuation: a follow-up's earlier questions sent as the generator saw them, so
+its prompt continues the prompt before it; through PromptPreparer with a word tokenizer."""
+
+from __future__ import annotations
+
+import pytest
+from test_prepare_preparation import PLAIN_SPECS, PROMPTS, WordTokenizer, corpus, retrieval
+
+from pipeline.messages import CompressionPlan, Conversation, Turn
+from prepare.continuation import SentTurn, SentTurns, turn_key
+from prepare.preparation import PromptPreparer
+from prepare.reuse import PassageCacheView
+
+NONE = CompressionPlan("none", reuse=True)
+SENTENCES = CompressionPlan("sentences", rate=0.5, reuse=True)
+
+
+def test_a_turn_is_keyed_by_the_system_prompt_the_turns_before_it_and_the_question() -> None:
+    earlier = (Turn("user", "a"), Turn("assistant", "b"))
+    key = turn_key("system", earlier, "q")
+    assert key == turn_key("system", earlier, "q")
+    assert key != turn_key("other system", earlier, "q")
+    assert key != turn_key("system", earlier[:1], "q")
+    assert key != turn_key("system", (Turn("user", "ab"),), "q")
+    assert key != turn_key("system", (Turn("assistant", "a"), earlier[1]), "q")
+    assert turn_key("s", (), "ab") != turn_key("sa", (), "b")  # parts cannot run together
+
+
+def test_the_least_recently_recalled_turn_is_forgotten_first() -> None:
+    turns = SentTurns(2)
+    for key in ("a", "b"):
+        turns.remember(key, SentTurn(key, frozenset()))
+    assert turns.recall("a") is not None  # "b" is now the oldest
+    turns.remember("c", SentTurn("c", frozenset()))
+    assert (turns.recall("b"), len(turns)) == (None, 2)
+    assert turns.recall("a") is not None and turns.recall("c") is not None
+    with pytest.raises(ValueError):
+        SentTurns(0)
+
+
+def test_only_remembered_user_turns_are_replaced_and_keys_follow_the_whole_history() -> None:
+    turns = SentTurns(8)
+    history = (
+        Turn("user", "q1"),
+        Turn("assistant", "a1"),
+        Turn("user", "q2"),
+        Turn("assistant", "a2"),
+    )
+    turns.remember(turn_key("s", history[:2], "q2"), SentTurn("sources 2 + q2", frozenset({"k"})))
+
+    replaced, sent = turns.continued("s", history)
+    assert replaced == (history[0], history[1], Turn("user", "sources 2 + q2"), history[3])
+    assert [turn.content for turn in sent] == ["sources 2 + q2"]
+    # From the third turn on, keyed by everything before it in the whole history.
+    assert turns.continued("s", history, start=2)[0] == replaced[2:]
+
+
+def preparer(sent_turns: SentTurns | None, max_model_len: int = 2048) -> PromptPreparer:
+    store, _ = corpus(*PLAIN_SPECS)
+    return PromptPreparer(
+        WordTokenizer(),
+        PROMPTS,
+        max_model_len=max_model_len,
+        sentence_store=store,
+        passage_cache=PassageCacheView(10_000, seed_after=1),
+        sent_turns=sent_turns,
+    )
+
+
+@pytest.fixture
+def chunks():
+    return corpus(*PLAIN_SPECS)[1]
+
+
+def follow_up(first, answer: str, question: str) -> Conversation:
+    return Conversation(question, (Turn("user", first.question), Turn("assistant", answer)))
+
+
+def test_a_follow_up_continues_the_first_prompt_and_does_not_resend_its_whole_passages(chunks):
+    prepare = preparer(SentTurns(16)).prepare
+    first = Conversation("Which alpha?")
+    asked = prepare(first, retrieval(*chunks[:3]), NONE, 64)
+    then = prepare(
+        follow_up(first, "alpha0.", "And beta?"), retrieval(chunks[2], chunks[3]), NONE, 64
+    )
+
+    # The follow-up's prompt opens with the whole first prompt, then the answer.
+    assert then.messages[: len(asked.messages)] == asked.messages
+    assert then.messages[len(asked.messages)] == {"role": "assistant", "content": "alpha0."}
+    assert then.continued_turns == 1
+    # doc2 was shown whole in the first prompt: only doc3 is sent again, both may be cited.
+    assert "doc3#0" in then.messages[-1]["content"] and "doc2#0" not in then.messages[-1]["content"]
+    assert {s.chunk_id for s in then.sources} == {"doc2#0", "doc3#0"}
+    assert then.context_tokens_before < asked.context_tokens_before
+
+
+def test_when_every_passage_was_shown_before_the_follow_up_says_so(chunks):
+    prepare = preparer(SentTurns(16)).prepare
+    first = Conversation("Which alpha?")
+    prepare(first, retrieval(*chunks[:2]), NONE, 64)
+    then = prepare(follow_up(first, "alpha0.", "And beta?"), retrieval(*chunks[:2]), NONE, 64)
+
+    assert "no new sources" in then.messages[-1]["content"]
+    assert {s.chunk_id for s in then.sources} == {"doc0#0", "doc1#0"}
+
+
+def test_compressed_passages_are_not_taken_as_shown_and_are_sent_again(chunks):
+    prepare = preparer(SentTurns(16)).prepare
+    first = Conversation("Which alpha?")
+    asked = prepare(first, retrieval(*chunks[:2]), SENTENCES, 64)
+    then = prepare(follow_up(first, "alpha0.", "And one?"), retrieval(*chunks[:2]), SENTENCES, 64)
+
+    assert then.continued_turns == 1
+    assert then.messages[1]["content"] == asked.messages[-1]["content"]
+    assert "doc0#0" in then.messages[-1]["content"] and "doc1#0" in then.messages[-1]["content"]
+
+
+@pytest.mark.parametrize(
+    ("sent_turns", "plan", "history_changed"),
+    [
+        (None, NONE, False),
+        (SentTurns(16), CompressionPlan("none"), False),
+        (SentTurns(16), NONE, True),
+    ],
+)
+def test_without_reuse_or_a_remembered_turn_the_follow_up_is_laid_out_plainly(
+    chunks, sent_turns, plan, history_changed
+):
+    prepare = preparer(sent_turns).prepare
+    first = Conversation("Which alpha?")
+    prepare(first, retrieval(*chunks[:3]), plan, 64)
+    asked_before = "Which alpha, really?" if history_changed else first.question
+    history = (Turn("user", asked_before), Turn("assistant", "alpha0."))
+    then = prepare(Conversation("And beta?", history), retrieval(*chunks[2:]), plan, 64)
+
+    assert then.continued_turns == 0
+    assert then.messages[1] == {"role": "user", "content": asked_before}
+    assert {s.chunk_id for s in then.sources} == {"doc2#0", "doc3#0"}
+
+
+def test_a_continuation_that_would_crowd_out_new_passages_falls_back_to_the_plain_history(chunks):
+    # Continued, the follow-up's history (the first prompt, 64 tokens) would leave its new
+    # 17-token passage less room than it needs; the plain history leaves it enough.
+    prepare = preparer(SentTurns(16), max_model_len=110).prepare
+    first = Conversation("Which alpha?")
+    prepare(first, retrieval(*chunks[:3]), NONE, 16)
+    then = prepare(follow_up(first, "alpha0.", "And one3?"), retrieval(chunks[3]), NONE, 16)
+
+    assert then.continued_turns == 0
+    assert then.messages[1] == {"role": "user", "content": "Which alpha?"}
+    assert "doc3#0" in then.messages[-1]["content"] and not then.truncated
