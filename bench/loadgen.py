@@ -80,10 +80,15 @@ class RequestSpec:
     # RAG chain in front, e.g. the final prompts sent straight to vLLM (bench.overhead).
     messages: tuple[dict[str, str], ...] | None = None
     temperature: float | None = None  # None: the server's default
+    # RAG endpoint only: the conversation before `question`, oldest first, as
+    # ({"role": "user" | "assistant", "content": ...}, ...).
+    history: tuple[dict[str, str], ...] = ()
 
     def __post_init__(self) -> None:
         if self.messages is not None and self.endpoint != "chat":
             raise ValueError("messages apply to the chat endpoint only")
+        if self.history and self.endpoint != "rag":
+            raise ValueError("history applies to the rag endpoint only")
         if self.messages is not None and not self.messages:
             raise ValueError("messages must not be empty")
 
@@ -124,6 +129,8 @@ class RequestRecord:
     # With include_context on the chat endpoint: (id, title, text) of each passage the
     # model saw, in prompt order.
     passages: list[tuple[str, str, str]] | None = None
+    # The answer's text as streamed (what a client sends back as the next turn's history).
+    answer: str = ""
 
 
 def request_body(spec: RequestSpec) -> dict[str, Any]:
@@ -147,8 +154,10 @@ def request_body(spec: RequestSpec) -> dict[str, Any]:
         rag["include_context"] = True
     sampling = {} if spec.temperature is None else {"temperature": spec.temperature}
     if spec.endpoint == "rag":
+        history = {"history": [dict(turn) for turn in spec.history]} if spec.history else {}
         return {
             "question": spec.question,
+            **history,
             "max_tokens": spec.max_tokens,
             "stream": True,
             **sampling,
@@ -276,6 +285,7 @@ class _Stream:
     last_at: float | None = None
     gaps_s: list[float] = field(default_factory=list)
     deltas: int = 0
+    text: list[str] = field(default_factory=list)
     usage_tokens: int | None = None
     prompt_tokens: int | None = None
     cached_prompt_tokens: int | None = None
@@ -299,6 +309,7 @@ class _Stream:
             self.gaps_s.append(now - self.last_at)
         self.last_at = now
         self.deltas += 1
+        self.text.append(text)
 
     def context(self, sources: object, rag: object) -> None:
         """Titles from the sources chunk; the passages from the finish chunk's `rag`."""
@@ -413,6 +424,7 @@ def _fill(
         record.ttft_ms = (stream.first_at - stream.sent_at) * 1000
     record.itl_ms = [gap * 1000 for gap in stream.gaps_s]
     record.content_deltas = stream.deltas
+    record.answer = "".join(stream.text)
     record.usage_completion_tokens = stream.usage_tokens
     record.usage_prompt_tokens = stream.prompt_tokens
     record.usage_cached_prompt_tokens = stream.cached_prompt_tokens

@@ -33,10 +33,14 @@ import sys
 import time
 from collections import Counter, defaultdict
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from bench.coqa import CACHE_DIR as COQA_CACHE_DIR
+from bench.coqa import COQA_FILENAME, CoqaStory
+from bench.coqa import INDEX_DIR as COQA_INDEX_DIR
+from bench.coqa import load as load_coqa
 from bench.labs import machine, variant_service
 from bench.loadgen import RequestRecord, RequestSpec, make_client, run_load
 from bench.quality import DEFAULT_INDEX_DIR
@@ -68,9 +72,12 @@ MAX_TOKENS = 16
 class WorkItem:
     question_id: str
     question: str
-    paragraph_id: str
-    # An earlier request of the same phase asked about this paragraph.
+    paragraph_id: str  # in a conversation phase: the story
+    # An earlier request of the same phase asked about this paragraph (a follow-up, in a
+    # conversation phase).
     warm: bool
+    # In a conversation phase, the question's place in its story's conversation (0: first).
+    turn: int = 0
 
 
 @dataclass(frozen=True)
@@ -127,6 +134,7 @@ _LOG_LAG_S = 3.0
 DEDUP_OFF = {"RAY_DEDUP_LOGS": "0"}
 ORDER = ("today", "reuse", "reuse", "today", "naive")
 PHASES = ("skewed-c1", "skewed-c4", "uniform-c1")
+CONVERSATION_PHASES = ("conversation-c1", "conversation-c4")
 
 
 def skewed_items(
@@ -190,6 +198,29 @@ def phases(
     ]
 
 
+def conversation_phases(
+    stories: Sequence[CoqaStory], conversations: int, turns: int, seed: int
+) -> list[Phase]:
+    """CoQA conversations of `turns` questions, asked in order with the service's own
+    answers as the history, one at a time and four at once, on disjoint stories drawn at
+    random; a conversation's first question is cold, its follow-ups warm."""
+    rng = random.Random(seed)
+    long_enough = [story for story in stories if len(story.turns) >= turns]
+    drawn = rng.sample(long_enough, 2 * conversations)
+
+    def items(chosen: Sequence[CoqaStory]) -> tuple[WorkItem, ...]:
+        return tuple(
+            WorkItem(f"{s.story_id}_turn{t}", s.turns[t].question, s.story_id, t > 0, t)
+            for s in chosen
+            for t in range(turns)
+        )
+
+    return [
+        Phase("conversation-c1", 1, items(drawn[:conversations])),
+        Phase("conversation-c4", 4, items(drawn[conversations:])),
+    ]
+
+
 def specs(phase: Phase, setting: Setting) -> list[RequestSpec]:
     return [
         RequestSpec(
@@ -204,15 +235,16 @@ def specs(phase: Phase, setting: Setting) -> list[RequestSpec]:
 
 
 def run_setting(
-    setting: Setting, plan: Sequence[Phase], base: Path, out_dir: Path, run: int
+    setting: Setting,
+    plan: Sequence[Phase],
+    base: Path,
+    out_dir: Path,
+    run: int,
+    index: Path = DEFAULT_INDEX_DIR,
 ) -> tuple[dict[str, list[dict[str, Any]]], dict[str, dict[str, int]]]:
-    """Start a fresh service for `setting`, send every phase in turn, stop it: the records
-    of every phase, and its finished generator calls per replica."""
-    overrides = {
-        **MEASURED_WITH,
-        "retriever.index_path": str(DEFAULT_INDEX_DIR),
-        **setting.overrides,
-    }
+    """Start a fresh service for `setting` over `index`, send every phase in turn, stop it:
+    the records of every phase, and its finished generator calls per replica."""
+    overrides = {**MEASURED_WITH, "retriever.index_path": str(index), **setting.overrides}
     name = f"{run}-{setting.name}"
     records: dict[str, list[dict[str, Any]]] = {}
     calls: dict[str, dict[str, int]] = {}
@@ -236,9 +268,41 @@ def generator_calls(log_text: str) -> dict[str, int]:
 
 async def _send(url: str, phase: Phase, setting: Setting) -> list[RequestRecord]:
     async with make_client(url) as client:
+        if phase.name in CONVERSATION_PHASES:
+            return await _converse(client, phase, setting)
         return await run_load(
             client, specs(phase, setting), rate_per_s=None, concurrency=phase.concurrency, seed=0
         )
+
+
+async def _converse(client: Any, phase: Phase, setting: Setting) -> list[RequestRecord]:
+    """`phase.concurrency` conversations at a time, each question after the one before it
+    was answered, with the questions and answers so far as its history (as a client sends
+    them: text only)."""
+    questions = specs(phase, setting)
+    records: list[RequestRecord] = [
+        RequestRecord(i, "rag", q.question) for i, q in enumerate(questions)
+    ]
+    stories: dict[str, list[int]] = defaultdict(list)
+    for i, item in enumerate(phase.items):
+        stories[item.paragraph_id].append(i)
+    gate = asyncio.Semaphore(phase.concurrency)
+
+    async def converse(indices: list[int]) -> None:
+        history: list[dict[str, str]] = []
+        async with gate:
+            for i in indices:
+                spec = replace(questions[i], history=tuple(history))
+                (record,) = await run_load(client, [spec], rate_per_s=None, concurrency=1, seed=0)
+                records[i] = replace(record, index=i)
+                answer = record.answer.strip() or "(no answer)"
+                history += [{"role": "user", "content": spec.question},
+                            {"role": "assistant", "content": answer}]  # fmt: skip
+
+    async with asyncio.TaskGroup() as group:
+        for indices in stories.values():
+            group.create_task(converse(indices))
+    return records
 
 
 def _ttfts(runs: Sequence[dict[str, list[dict[str, Any]]]], phase: str) -> list[float | None]:
@@ -280,7 +344,7 @@ def ratio_interval(a: Sequence[float | None], b: Sequence[float | None]) -> Inte
 
 
 def _segments(phase: str) -> tuple[str, ...]:
-    return ("cold", "warm") if phase.startswith("skewed") else ("all",)
+    return ("cold", "warm") if phase.startswith(("skewed", "conversation")) else ("all",)
 
 
 def _segment_indices(items: Sequence[dict[str, Any]], segment: str) -> list[int]:
@@ -290,8 +354,8 @@ def _segment_indices(items: Sequence[dict[str, Any]], segment: str) -> list[int]
     ]
 
 
-# The prompt parts whose cached share the report shows (a single question has no history).
-SHARE_SEGMENTS = ("system", "passages")
+# The prompt parts whose cached share the report shows.
+SHARE_SEGMENTS = ("system", "history", "passages")
 
 
 def _segment_shares(records: Sequence[dict[str, Any]], prompt: int) -> list[str]:
@@ -397,7 +461,7 @@ def report(results: dict[str, Any]) -> str:
         "",
         f"Command: `{results['command']}`. Records: results.json (every request).",
         "",
-        markdown_table(header, latency, numeric=(3, 4, 5, 6, 7, 8)),
+        markdown_table(header, latency, numeric=(3, 4, 5, 6, 7, 8, 9)),
         "",
         "Median per-request TTFT ratio, paired by request (each side the mean of its runs), "
         "95% bootstrap interval; an interval holding 1 is no detectable difference:",
@@ -532,6 +596,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=Path("bench-results/reuse"))
     parser.add_argument("--config", type=Path, default=ROOT / "serve_config.yaml")
     parser.add_argument("--squad", type=Path, default=DEFAULT_CACHE_DIR / SQUAD_DEV_FILENAME)
+    parser.add_argument(
+        "--workload",
+        choices=("squad", "coqa"),
+        default="squad",
+        help="squad: the skewed and uniform phases; coqa: conversations (bench.coqa prepare).",
+    )
+    parser.add_argument("--conversations", type=int, default=24, help="Per conversation phase.")
+    parser.add_argument("--turns", type=int, default=4, help="Questions a conversation.")
     parser.add_argument("--requests", type=int, default=100, help="Requests a skewed phase.")
     parser.add_argument("--paragraphs", type=int, default=200)
     parser.add_argument("--zipf", type=float, default=1.0, help="Zipf exponent s.")
@@ -541,8 +613,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--phases",
         nargs="+",
-        default=list(PHASES),
-        choices=PHASES,
+        default=None,
+        choices=PHASES + CONVERSATION_PHASES,
         help="Phases to send (default all); the workload is drawn the same either way.",
     )
     parser.add_argument("--report-only", action="store_true", help="Re-render results.json.")
@@ -565,10 +637,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.report_only:
         (args.out / "README.md").write_text(report(json.loads(saved.read_text())))
         return 0
-    plan = phases(
-        load_squad(args.squad), args.requests, args.paragraphs, args.zipf, args.uniform, args.seed
-    )
-    plan = [phase for phase in plan if phase.name in args.phases]
+    index = DEFAULT_INDEX_DIR
+    if args.workload == "coqa":
+        index = COQA_INDEX_DIR
+        plan = conversation_phases(
+            load_coqa(COQA_CACHE_DIR / COQA_FILENAME), args.conversations, args.turns, args.seed
+        )
+    else:
+        plan = phases(
+            load_squad(args.squad), args.requests, args.paragraphs, args.zipf, args.uniform,
+            args.seed,
+        )  # fmt: skip
+    plan = [phase for phase in plan if args.phases is None or phase.name in args.phases]
     if args.overlap:
         index = DEFAULT_INDEX_DIR if DEFAULT_INDEX_DIR.is_absolute() else ROOT / DEFAULT_INDEX_DIR
         print(markdown_table(OVERLAP_HEADER, overlap(plan, index), numeric=(1, 2, 3)))
@@ -589,7 +669,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     }
     os.environ.update(DEDUP_OFF)
     for run, name in enumerate(args.settings):
-        records, calls = run_setting(SETTINGS[name], plan, args.config, args.out, run)
+        records, calls = run_setting(SETTINGS[name], plan, args.config, args.out, run, index)
         results["runs"].append({"setting": name, "records": records, "generator_calls": calls})
         saved.write_text(json.dumps(results, indent=1))  # kept as it grows
     (args.out / "README.md").write_text(report(results))

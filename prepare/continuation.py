@@ -8,7 +8,9 @@ the system prompt with the prompt before it, and its whole history is prefilled 
 (its sources, then the question), under a digest of the system prompt and the conversation
 up to that question as the client sends it. A follow-up's earlier questions are replaced by
 those messages, so its prompt opens with the previous prompt and the previous answer, and
-the passages an earlier turn showed whole are not sent again (they are in the history).
+the sentences earlier turns showed are not sent again (they are in the history): a passage
+retrieved again goes with only the sentences its new compression keeps that were not shown,
+or not at all.
 
 A turn not remembered (another replica prepared it, it was evicted, the client changed its
 history) goes as the client sent it: a miss costs the cache hit, not the answer's sources.
@@ -19,7 +21,7 @@ from __future__ import annotations
 import hashlib
 import threading
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from pipeline.messages import Turn
@@ -27,10 +29,21 @@ from pipeline.messages import Turn
 
 @dataclass(frozen=True)
 class SentTurn:
-    """One question's user message as the generator received it, and its passages."""
+    """One question's user message as the generator received it, and what it showed."""
 
     content: str
-    whole: frozenset[str]  # passage keys of the passages it showed whole (not compressed)
+    # Per passage (chunk id), the sentences the message showed of it: all of a passage sent
+    # whole, those kept of one compressed by sentence selection (none known for LLMLingua's).
+    shown: Mapping[str, frozenset[str]]
+
+
+def shown_sentences(turns: Iterable[SentTurn]) -> dict[str, frozenset[str]]:
+    """Per passage, every sentence `turns` showed of it."""
+    shown: dict[str, frozenset[str]] = {}
+    for turn in turns:
+        for chunk_id, sentences in turn.shown.items():
+            shown[chunk_id] = shown.get(chunk_id, frozenset()) | sentences
+    return shown
 
 
 def turn_key(system_prompt: str, earlier: Sequence[Turn], question: str) -> str:

