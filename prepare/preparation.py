@@ -202,12 +202,16 @@ class PromptPreparer:
         chunks: Sequence[ContextChunk],
         budget: int,
         max_output_tokens: int,
+        plan: CompressionPlan,
     ) -> tuple[tuple[Turn, ...], list[SentTurn], int, int] | None:
         """The fitted history (a tail of the whole, cleaned) with its earlier questions as
         they were sent, those sent messages, the prompt's tokens without sources and the
-        sources' room; None when no question is remembered or when the longer history
+        sources' room; None when no question is remembered, or when the longer history
         would leave the passages not shown before less room than the plain one (`budget`)
-        does. All or nothing: a continued history cut at its start continues nothing."""
+        does or than the plan's compression would leave of them (its target: where the
+        compression keeps more, as sentence selection may by part of a sentence, the budget
+        cuts the last passage). All or nothing: a continued history cut at its start
+        continues nothing."""
         assert self._sent_turns is not None
         start = len(whole) - len(fitted)
         if whole[start:] != fitted:  # fit_history keeps a tail of the cleaned history
@@ -223,7 +227,11 @@ class PromptPreparer:
         room = context_budget_tokens(
             self._max_model_len, max_output_tokens, fixed_tokens, self._margin_tokens
         )
-        wanted = min(budget, count_context_tokens(new, self._tokenizer.count))
+        # The room the new passages need: as much as the plan's compression leaves of them.
+        new_tokens = count_context_tokens(new, self._tokenizer.count)
+        wanted = min(
+            budget, new_tokens if plan.method == NO_COMPRESSION else plan.target_for(new_tokens)
+        )
         if room <= 0 or room < wanted:
             return None
         return history, sent, fixed_tokens, room
@@ -279,7 +287,14 @@ class PromptPreparer:
         shown: list[ContextChunk] = []  # retrieved passages all of whose sentences were shown
         if remembers and history:
             found = self._continuation(
-                system_prompt, question, whole_history, history, chunks, budget, max_output_tokens
+                system_prompt,
+                question,
+                whole_history,
+                history,
+                chunks,
+                budget,
+                max_output_tokens,
+                plan,
             )
             if found is not None:
                 history, continued, fixed_tokens, budget = found

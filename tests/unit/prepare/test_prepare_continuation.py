@@ -184,3 +184,18 @@ def test_a_continuation_that_would_crowd_out_new_passages_falls_back_to_the_plai
     assert then.continued_turns == 0
     assert then.messages[1] == {"role": "user", "content": "Which alpha?"}
     assert "doc3#0" in then.messages[-1]["content"] and not then.truncated
+
+
+def test_the_room_a_continuation_must_leave_is_what_the_plans_compression_would_keep(chunks):
+    # At 105 tokens the continued history leaves doc3 room for its compressed half, not for
+    # all of it: continued under sentence selection, plain when nothing is compressed.
+    def follow_up_under(plan: CompressionPlan):
+        prepare = preparer(SentTurns(16), max_model_len=105).prepare
+        first = Conversation("Which alpha?")
+        prepare(first, retrieval(*chunks[:3]), plan, 16)
+        return prepare(follow_up(first, "alpha0.", "And one3?"), retrieval(chunks[3]), plan, 16)
+
+    compressed, whole = follow_up_under(SENTENCES), follow_up_under(NONE)
+
+    assert (compressed.continued_turns, compressed.truncated) == (1, False)
+    assert (whole.continued_turns, whole.truncated) == (0, False)
