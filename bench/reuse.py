@@ -76,8 +76,10 @@ class WorkItem:
     # An earlier request of the same phase asked about this paragraph (a follow-up, in a
     # conversation phase).
     warm: bool
-    # In a conversation phase, the question's place in its story's conversation (0: first).
+    # In a conversation phase, the question's place in its story's conversation (0: first)
+    # and its gold answers (scored in the report).
     turn: int = 0
+    golds: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -210,7 +212,14 @@ def conversation_phases(
 
     def items(chosen: Sequence[CoqaStory]) -> tuple[WorkItem, ...]:
         return tuple(
-            WorkItem(f"{s.story_id}_turn{t}", s.turns[t].question, s.story_id, t > 0, t)
+            WorkItem(
+                f"{s.story_id}_turn{t}",
+                s.turns[t].question,
+                s.story_id,
+                t > 0,
+                t,
+                s.turns[t].answers,
+            )
             for s in chosen
             for t in range(turns)
         )
@@ -468,9 +477,88 @@ def report(results: dict[str, Any]) -> str:
         "",
         markdown_table(["phase", "requests", "comparison", "ratio [95% CI]", "n"], ratios),
         *_prepare_table(prepare),
+        *_answers_table(plan, runs),
         *_replica_shares(results),
     ]
     return "\n".join(lines) + "\n"
+
+
+def _answers_table(
+    plan: dict[str, dict[str, Any]], runs: dict[str, list[dict[str, list[dict[str, Any]]]]]
+) -> list[str]:
+    """Where the items carry gold answers (conversations): per segment and setting, mean F1
+    and the share of answers holding a gold (each request the mean of its runs), and each
+    comparison's paired difference."""
+    from bench.squad_metrics import answer_survives, f1
+
+    rows = []
+    for phase, info in plan.items():
+        golds = [tuple(item.get("golds") or ()) for item in info["items"]]
+        if not all(golds):
+            continue
+        scores = {
+            name: {
+                metric: [
+                    _mean_over_runs(setting_runs, phase, i, golds[i], score)
+                    for i in range(len(golds))
+                ]
+                for metric, score in (("f1", f1), ("contains", answer_survives))
+            }
+            for name, setting_runs in runs.items()
+        }
+        for segment in _segments(phase):
+            keep = _segment_indices(info["items"], segment)
+            for name in runs:
+                f1s = [scores[name]["f1"][i] for i in keep]
+                held = [scores[name]["contains"][i] for i in keep]
+                rows.append([phase, segment, name, len(keep), _mean(f1s), _mean(held)])
+            for a, b in COMPARISONS:
+                if a in scores and b in scores:
+                    diffs = [
+                        paired_difference(zip([scores[a][m][i] for i in keep],
+                                              [scores[b][m][i] for i in keep], strict=True))
+                        for m in ("f1", "contains")
+                    ]  # fmt: skip
+                    rows.append([phase, segment, f"{a} − {b}", len(keep),
+                                 *(_difference(d) for d in diffs)])  # fmt: skip
+    if not rows:
+        return []
+    header = ["phase", "requests", "setting", "n", "F1", "answer holds a gold"]
+    return [
+        "",
+        "Answers against the gold answers (mean over requests, each the mean of its runs; "
+        "differences paired by request with a 95% bootstrap interval):",
+        "",
+        markdown_table(header, rows, numeric=(3,)),
+    ]
+
+
+def _mean_over_runs(
+    setting_runs: Sequence[dict[str, list[dict[str, Any]]]],
+    phase: str,
+    index: int,
+    golds: Sequence[str],
+    score: Callable[[str, Sequence[str]], float | bool],
+) -> float | None:
+    """The request's `score` against its golds, averaged over the runs that answered it."""
+    values = [
+        float(score(run[phase][index].get("answer", ""), golds))
+        for run in setting_runs
+        if run[phase][index]["ok"]
+    ]
+    return sum(values) / len(values) if values else None
+
+
+def _mean(values: Sequence[float | None]) -> str:
+    kept = [v for v in values if v is not None]
+    return f"{sum(kept) / len(kept):.3f}" if kept else "-"
+
+
+def _difference(interval: Interval | None) -> str:
+    if interval is None:
+        return "-"
+    text = f"{interval.estimate:+.3f} [{interval.low:+.3f}, {interval.high:+.3f}]"
+    return text + (" (no detectable difference)" if interval.low <= 0 <= interval.high else "")
 
 
 def _retrieve(plan: Sequence[Phase], index_dir: Path, top_k: int) -> dict[str, list[list[Any]]]:

@@ -324,3 +324,31 @@ def test_coqa_requests_become_stories_with_their_turns_in_order():
         stories_from_requests([request("a", 1, ["x"])])
     with pytest.raises(CoqaFormatError, match="empty"):
         stories_from_requests([request("a", 0, [""])])
+
+
+def test_the_report_scores_conversation_answers_against_their_golds_paired_by_request():
+    items = [
+        {"question_id": f"s_turn{t}", "question": "?", "paragraph_id": "s", "warm": t > 0,
+         "turn": t, "golds": ["white cat"]}
+        for t in range(4)
+    ]  # fmt: skip
+
+    def answered(*answers: str) -> list[dict]:
+        return [record(100) | {"answer": answer} for answer in answers]
+
+    today = answered("a white cat", "a dog", "no", "white cat")
+    reuse = answered("a white cat", "the white cat", "white", "white cat")
+    results = saved(
+        "conversation-c1",
+        items,
+        [{"setting": "today", "records": {"conversation-c1": today}},
+         {"setting": "reuse", "records": {"conversation-c1": reuse}}],
+    )  # fmt: skip
+
+    text = report(results)
+
+    # Follow-ups: today F1 (0, 0, 1) and holds (0, 0, 1); reuse F1 (1, 2/3, 1) and (1, 0, 1).
+    assert "| conversation-c1 | warm | today | 3 | 0.333 | 0.333 |" in text
+    assert "| conversation-c1 | warm | reuse | 3 | 0.889 | 0.667 |" in text
+    assert "| conversation-c1 | cold | reuse − today | 1 |" in text
+    assert "| conversation-c1 | warm | reuse − today | 3 | +0.556 [" in text
