@@ -195,10 +195,14 @@ bench: setup models-qwen models-qwen15
 # services, cache off, on, on, off, so drift falls on both sides alike; then the paired ratios.
 # Reuse of retrieved passages' prefill on a skewed (Zipf) SQuAD workload and a uniform
 # control: naive, today's defaults and compression.reuse, five fresh services (about 30
-# minutes here). docs/benchmarks.md, "Reusing retrieved passages".
+# minutes here); then CoQA conversations, today's layout against the continued one, four
+# services (about 20 minutes). docs/benchmarks.md, "Reusing retrieved passages".
 bench-reuse: setup
 	$(BIN)/python -m bench.quality prepare
 	$(BIN)/python -m bench.reuse --out bench-results/reuse
+	$(BIN)/python -m bench.coqa prepare
+	$(BIN)/python -m bench.reuse --workload coqa --conversations 16 --turns 4 \
+		--settings today reuse reuse today --out bench-results/reuse-conversation
 
 bench-prefix: setup
 	$(BIN)/python -m bench.quality prepare

@@ -5,8 +5,10 @@ The client sends its history back as text: each earlier question alone. The gene
 that question after its sources, so in the plain layout a follow-up's prompt shares only
 the system prompt with the prompt before it, and its whole history is prefilled again.
 `SentTurns` remembers, per compressor replica, the user message each question was sent as
-(its sources, then the question), under a digest of the system prompt and the conversation
-up to that question as the client sends it. A follow-up's earlier questions are replaced by
+(its sources, then the question), under a digest of its scope (the collection searched and
+the system prompt) and the conversation up to that question as the client sends it: a
+client that replays another's conversation over another collection gets none of its
+sources. A follow-up's earlier questions are replaced by
 those messages, so its prompt opens with the previous prompt and the previous answer, and
 the sentences earlier turns showed are not sent again (they are in the history): a passage
 retrieved again goes with only the sentences its new compression keeps that were not shown,
@@ -46,11 +48,16 @@ def shown_sentences(turns: Iterable[SentTurn]) -> dict[str, frozenset[str]]:
     return shown
 
 
-def turn_key(system_prompt: str, earlier: Sequence[Turn], question: str) -> str:
-    """The digest a question's sent message is remembered under: the system prompt, the
-    turns before the question as the client sends them, and the question."""
+def turn_scope(collection: str, system_prompt: str) -> str:
+    """What a remembered turn is good for: prompts over `collection` opened by `system_prompt`."""
+    return f"{collection}\x00{system_prompt}"
+
+
+def turn_key(scope: str, earlier: Sequence[Turn], question: str) -> str:
+    """The digest a question's sent message is remembered under: its scope (turn_scope),
+    the turns before the question as the client sends them, and the question."""
     digest = hashlib.blake2b(digest_size=16)
-    for part in (system_prompt, *(f"{t.role}\x00{t.content}" for t in earlier), question):
+    for part in (scope, *(f"{t.role}\x00{t.content}" for t in earlier), question):
         data = part.encode()
         digest.update(len(data).to_bytes(8, "little"))
         digest.update(data)
@@ -85,7 +92,7 @@ class SentTurns:
             return turn
 
     def continued(
-        self, system_prompt: str, history: Sequence[Turn], start: int = 0
+        self, scope: str, history: Sequence[Turn], start: int = 0
     ) -> tuple[tuple[Turn, ...], list[SentTurn]]:
         """`history[start:]` with each remembered user turn replaced by the message it was
         sent as (keyed by the whole `history` before it), and those messages, oldest first."""
@@ -94,7 +101,7 @@ class SentTurns:
         for index, turn in enumerate(history[start:], start):
             found = None
             if turn.role == "user":
-                found = self.recall(turn_key(system_prompt, history[:index], turn.content))
+                found = self.recall(turn_key(scope, history[:index], turn.content))
             if found is None:
                 turns.append(turn)
                 continue

@@ -29,7 +29,7 @@ from pipeline.messages import (
 from prepare.budget import context_budget_tokens, fit_to_budget
 from prepare.compression import ChunkCompressor, count_context_tokens
 from prepare.context import ContextChunk
-from prepare.continuation import SentTurn, SentTurns, shown_sentences, turn_key
+from prepare.continuation import SentTurn, SentTurns, shown_sentences, turn_key, turn_scope
 from prepare.cost_model import CompressionCostModel
 from prepare.llmlingua_compressor import LLMLinguaCompressor, LLMLinguaOptions, ScorerDType
 from prepare.methods import NO_COMPRESSION, ContextSize, compress_chunks, decide, get_method
@@ -195,6 +195,7 @@ class PromptPreparer:
 
     def _continuation(
         self,
+        scope: str,
         system_prompt: str,
         question: str,
         whole: tuple[Turn, ...],
@@ -216,7 +217,7 @@ class PromptPreparer:
         start = len(whole) - len(fitted)
         if whole[start:] != fitted:  # fit_history keeps a tail of the cleaned history
             return None
-        history, sent = self._sent_turns.continued(system_prompt, whole, start)
+        history, sent = self._sent_turns.continued(scope, whole, start)
         if not sent:
             return None
         shown = shown_sentences(sent)
@@ -282,11 +283,13 @@ class PromptPreparer:
         # sent, and the sentences they showed are not sent again (prepare.continuation).
         remembers = plan.reuse and self._sent_turns is not None
         whole_history = self._cleaned(conversation.history) if remembers else ()
+        scope = turn_scope(retrieval.collection, system_prompt)
         continued: list[SentTurn] = []
         shown_before: dict[str, frozenset[str]] = {}
         shown: list[ContextChunk] = []  # retrieved passages all of whose sentences were shown
         if remembers and history:
             found = self._continuation(
+                scope,
                 system_prompt,
                 question,
                 whole_history,
@@ -364,7 +367,7 @@ class PromptPreparer:
         if remembers and self._sent_turns is not None:
             sent = {chunk.chunk_id: frozenset(chunk.sentences) for chunk in kept if chunk.sentences}
             self._sent_turns.remember(
-                turn_key(system_prompt, whole_history, question),
+                turn_key(scope, whole_history, question),
                 SentTurn(messages[-1]["content"], sent),
             )
         return PreparedPrompt(

@@ -3,11 +3,13 @@ its prompt continues the prompt before it; through PromptPreparer with a word to
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from test_prepare_preparation import PLAIN_SPECS, PROMPTS, WordTokenizer, corpus, retrieval
 
 from pipeline.messages import CompressionPlan, Conversation, Turn
-from prepare.continuation import SentTurn, SentTurns, turn_key
+from prepare.continuation import SentTurn, SentTurns, turn_key, turn_scope
 from prepare.preparation import PromptPreparer
 from prepare.reuse import PassageCacheView
 
@@ -15,9 +17,10 @@ NONE = CompressionPlan("none", reuse=True)
 SENTENCES = CompressionPlan("sentences", rate=0.5, reuse=True)
 
 
-def test_a_turn_is_keyed_by_the_system_prompt_the_turns_before_it_and_the_question() -> None:
+def test_a_turn_is_keyed_by_its_scope_the_turns_before_it_and_the_question() -> None:
     earlier = (Turn("user", "a"), Turn("assistant", "b"))
     key = turn_key("system", earlier, "q")
+    assert turn_scope("team", "system") != turn_scope("default", "system")
     assert key == turn_key("system", earlier, "q")
     assert key != turn_key("other system", earlier, "q")
     assert key != turn_key("system", earlier[:1], "q")
@@ -199,3 +202,16 @@ def test_the_room_a_continuation_must_leave_is_what_the_plans_compression_would_
 
     assert (compressed.continued_turns, compressed.truncated) == (1, False)
     assert (whole.continued_turns, whole.truncated) == (0, False)
+
+
+def test_the_same_conversation_over_another_collection_is_not_continued(chunks):
+    # A client replaying another client's conversation over another collection must not get
+    # the first collection's sources in its prompt.
+    prepare = preparer(SentTurns(16)).prepare
+    first = Conversation("Which alpha?")
+    prepare(first, retrieval(*chunks[:3]), NONE, 64)
+    elsewhere = replace(retrieval(chunks[3]), collection="other-team")
+    then = prepare(follow_up(first, "alpha0.", "And beta?"), elsewhere, NONE, 64)
+
+    assert then.continued_turns == 0
+    assert "doc0#0" not in " ".join(m["content"] for m in then.messages)
