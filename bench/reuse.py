@@ -41,7 +41,7 @@ from bench.coqa import CACHE_DIR as COQA_CACHE_DIR
 from bench.coqa import COQA_FILENAME, CoqaStory
 from bench.coqa import INDEX_DIR as COQA_INDEX_DIR
 from bench.coqa import load as load_coqa
-from bench.labs import machine, variant_service
+from bench.labs import machine, reader, variant_service
 from bench.loadgen import RequestRecord, RequestSpec, make_client, run_load
 from bench.quality import DEFAULT_INDEX_DIR
 from bench.squad import (
@@ -250,10 +250,16 @@ def run_setting(
     out_dir: Path,
     run: int,
     index: Path = DEFAULT_INDEX_DIR,
+    generator: dict[str, object] | None = None,
 ) -> tuple[dict[str, list[dict[str, Any]]], dict[str, dict[str, int]]]:
-    """Start a fresh service for `setting` over `index`, send every phase in turn, stop it:
-    the records of every phase, and its finished generator calls per replica."""
-    overrides = {**MEASURED_WITH, "retriever.index_path": str(index), **setting.overrides}
+    """Start a fresh service for `setting` over `index`, read by `generator`'s overrides
+    (MEASURED_WITH by default), send every phase in turn, stop it: the records of every
+    phase, and its finished generator calls per replica."""
+    overrides = {
+        **(MEASURED_WITH if generator is None else generator),
+        "retriever.index_path": str(index),
+        **setting.overrides,
+    }
     name = f"{run}-{setting.name}"
     records: dict[str, list[dict[str, Any]]] = {}
     calls: dict[str, dict[str, int]] = {}
@@ -692,6 +698,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--conversations", type=int, default=24, help="Per conversation phase.")
     parser.add_argument("--turns", type=int, default=4, help="Questions a conversation.")
+    parser.add_argument(
+        "--reader",
+        help="A prepared reader's model id (.models/<id>) served in serve_config.yaml's own "
+        "dtype (fastest); default: SmolLM2 in fp32, the stored runs' reader.",
+    )
     parser.add_argument("--requests", type=int, default=100, help="Requests a skewed phase.")
     parser.add_argument("--paragraphs", type=int, default=200)
     parser.add_argument("--zipf", type=float, default=1.0, help="Zipf exponent s.")
@@ -757,7 +768,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     }
     os.environ.update(DEDUP_OFF)
     for run, name in enumerate(args.settings):
-        records, calls = run_setting(SETTINGS[name], plan, args.config, args.out, run, index)
+        generator = None if args.reader is None else reader(args.reader)
+        records, calls = run_setting(
+            SETTINGS[name], plan, args.config, args.out, run, index, generator
+        )
         results["runs"].append({"setting": name, "records": records, "generator_calls": calls})
         saved.write_text(json.dumps(results, indent=1))  # kept as it grows
     (args.out / "README.md").write_text(report(results))
