@@ -68,6 +68,19 @@ class LLMLinguaLoad:
     tiktoken_cache_dir: str | None = None
 
 
+@dataclass(frozen=True)
+class _Continuation:
+    """A follow-up laid out to continue the prompts before it (PromptPreparer._continuation)."""
+
+    history: tuple[Turn, ...]  # earlier questions as they were sent
+    turns: list[SentTurn]  # those sent messages, oldest first
+    shown: dict[str, frozenset[str]]  # per passage, the sentences they showed
+    fixed_tokens: int  # the prompt's tokens without this turn's sources
+    room: int  # the tokens left for them
+    new: list[ContextChunk]  # retrieved passages with a sentence not shown yet
+    old: list[ContextChunk]  # retrieved passages all of whose sentences were shown
+
+
 class PromptPreparer:
     """Turns (question, retrieval, plan) into messages that fit the serving model."""
 
@@ -180,9 +193,13 @@ class PromptPreparer:
     def fit_history(self, history: Sequence[Turn]) -> tuple[Turn, ...]:
         """The newest turns of `history` that fit the history token budget, oldest first,
         starting with a user turn, their text cleared of the tokenizer's control strings."""
+        return self._fit_cleaned(self._cleaned(history))
+
+    def _fit_cleaned(self, history: tuple[Turn, ...]) -> tuple[Turn, ...]:
+        """fit_history of a history already cleaned (`_cleaned`)."""
         kept: list[Turn] = []
         used = 0
-        for turn in reversed(self._cleaned(history)):
+        for turn in reversed(history):
             tokens = self._tokenizer.count(turn.content) + _MESSAGE_OVERHEAD_TOKENS
             if used + tokens > self._history_max_tokens:
                 break
@@ -204,30 +221,24 @@ class PromptPreparer:
         budget: int,
         max_output_tokens: int,
         plan: CompressionPlan,
-    ) -> tuple[tuple[Turn, ...], list[SentTurn], int, int] | None:
-        """The fitted history (a tail of the whole, cleaned) with its earlier questions as
-        they were sent, those sent messages, the prompt's tokens without sources and the
-        sources' room; None when no question is remembered, or when the longer history
+    ) -> _Continuation | None:
+        """The fitted history (a tail of the whole, cleaned) continued (_Continuation);
+        None when no question is remembered, or when the longer history
         would leave the passages not shown before less room than the plain one (`budget`)
         does or than the plan's compression would leave of them (its target: where the
         compression keeps more, as sentence selection may by part of a sentence, the budget
         cuts the last passage). All or nothing: a continued history cut at its start
         continues nothing."""
         assert self._sent_turns is not None
-        start = len(whole) - len(fitted)
-        if whole[start:] != fitted:  # fit_history keeps a tail of the cleaned history
-            return None
-        history, sent = self._sent_turns.continued(scope, whole, start)
+        history, sent = self._sent_turns.continued(scope, whole, len(whole) - len(fitted))
         if not sent:
             return None
         shown = shown_sentences(sent)
-        new = [chunk for chunk in chunks if not _fully_shown(chunk, shown)]
-        fixed_tokens = self._tokenizer.count_chat(
-            build_messages(system_prompt, [], question, history)
-        )
-        room = context_budget_tokens(
-            self._max_model_len, max_output_tokens, fixed_tokens, self._margin_tokens
-        )
+        new: list[ContextChunk] = []
+        old: list[ContextChunk] = []
+        for chunk in chunks:
+            (old if _fully_shown(chunk, shown) else new).append(chunk)
+        fixed_tokens, room = self._sources_room(system_prompt, question, history, max_output_tokens)
         # The room the new passages need: as much as the plan's compression leaves of them.
         new_tokens = count_context_tokens(new, self._tokenizer.count)
         wanted = min(
@@ -235,7 +246,7 @@ class PromptPreparer:
         )
         if room <= 0 or room < wanted:
             return None
-        return history, sent, fixed_tokens, room
+        return _Continuation(history, sent, shown, fixed_tokens, room, new, old)
 
     def _fit_to_window(
         self, system_prompt: str, question: str, history: tuple[Turn, ...], max_output: int
@@ -243,15 +254,22 @@ class PromptPreparer:
         """(history less its oldest exchanges until the context window leaves the sources
         some room, or none is left; the prompt's tokens without sources; the sources' room)."""
         while True:
-            fixed_tokens = self._tokenizer.count_chat(
-                build_messages(system_prompt, [], question, history)
-            )
-            budget = context_budget_tokens(
-                self._max_model_len, max_output, fixed_tokens, self._margin_tokens
-            )
+            fixed_tokens, budget = self._sources_room(system_prompt, question, history, max_output)
             if budget > 0 or not history:
                 return history, fixed_tokens, budget
             history = _without_oldest_exchange(history)
+
+    def _sources_room(
+        self, system_prompt: str, question: str, history: tuple[Turn, ...], max_output: int
+    ) -> tuple[int, int]:
+        """(the prompt's tokens without sources, the tokens left for sources)."""
+        fixed_tokens = self._tokenizer.count_chat(
+            build_messages(system_prompt, [], question, history)
+        )
+        room = context_budget_tokens(
+            self._max_model_len, max_output, fixed_tokens, self._margin_tokens
+        )
+        return fixed_tokens, room
 
     def prepare(
         self,
@@ -271,7 +289,8 @@ class PromptPreparer:
         started_at_s, started = time.time(), time.perf_counter()
         question = neutralize(conversation.question, self._reserved).strip()
         system_prompt = self._system_prompts[conversation.answer_style]
-        history = self.fit_history(conversation.history)
+        cleaned_history = self._cleaned(conversation.history)
+        history = self._fit_cleaned(cleaned_history)
         chunks, no_sentences = self._context_chunks(retrieval)
         if reason := self._unmet_need(plan, no_sentences):
             plan, degraded = replace(plan, method=NO_COMPRESSION), degraded or reason
@@ -282,7 +301,6 @@ class PromptPreparer:
         # A follow-up continues the prompts before it: its earlier questions go as they were
         # sent, and the sentences they showed are not sent again (prepare.continuation).
         remembers = plan.reuse and self._sent_turns is not None
-        whole_history = self._cleaned(conversation.history) if remembers else ()
         scope = turn_scope(retrieval.collection, system_prompt)
         continued: list[SentTurn] = []
         shown_before: dict[str, frozenset[str]] = {}
@@ -292,7 +310,7 @@ class PromptPreparer:
                 scope,
                 system_prompt,
                 question,
-                whole_history,
+                cleaned_history,
                 history,
                 chunks,
                 budget,
@@ -300,10 +318,9 @@ class PromptPreparer:
                 plan,
             )
             if found is not None:
-                history, continued, fixed_tokens, budget = found
-                shown_before = shown_sentences(continued)
-                shown = [chunk for chunk in chunks if _fully_shown(chunk, shown_before)]
-                chunks = [chunk for chunk in chunks if not _fully_shown(chunk, shown_before)]
+                history, continued, shown_before = found.history, found.turns, found.shown
+                fixed_tokens, budget = found.fixed_tokens, found.room
+                chunks, shown = found.new, found.old
         tokens_before = count_context_tokens(chunks, count)
         if budget <= 0:
             raise PromptTooLongError(
@@ -367,7 +384,7 @@ class PromptPreparer:
         if remembers and self._sent_turns is not None:
             sent = {chunk.chunk_id: frozenset(chunk.sentences) for chunk in kept if chunk.sentences}
             self._sent_turns.remember(
-                turn_key(scope, whole_history, question),
+                turn_key(scope, cleaned_history, question),
                 SentTurn(messages[-1]["content"], sent),
             )
         return PreparedPrompt(
