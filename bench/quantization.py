@@ -387,10 +387,7 @@ def _score(d: dict[str, Any] | None) -> str:
 
 
 def _diff(d: dict[str, Any] | None) -> str:
-    if d is None:
-        return "-"
-    text = f"{d['estimate']:+.3f} [{d['low']:+.3f}, {d['high']:+.3f}]"
-    return text + (f" ({stats.NO_DIFFERENCE})" if stats.Interval(**d).contains(0.0) else "")
+    return stats.fmt_difference(None if d is None else stats.Interval(**d))
 
 
 SPEED_HEADER = [

@@ -53,6 +53,7 @@ from bench.squad import (
 )
 from bench.stats import (
     Interval,
+    fmt_difference,
     fmt_ratio,
     paired_difference,
     paired_ratio,
@@ -385,17 +386,21 @@ def _segment_shares(records: Sequence[dict[str, Any]], prompt: int) -> list[str]
     ]
 
 
+def _section(
+    caption: str, header: list[str], rows: list[list[object]], numeric: tuple[int, ...]
+) -> list[str]:
+    """A captioned table of the report, or nothing where it has no rows."""
+    return ["", caption, "", markdown_table(header, rows, numeric=numeric)] if rows else []
+
+
 def _prepare_table(rows: list[list[object]]) -> list[str]:
-    if not rows:
-        return []
-    header = ["phase", "requests", "comparison", "ms, median difference", "95% CI", "n"]
-    return [
-        "",
+    return _section(
         "The compressor stage's own time (what the layout and its bookkeeping add), median "
         "of the per-request differences, paired:",
-        "",
-        markdown_table(header, rows, numeric=(3, 5)),
-    ]
+        ["phase", "requests", "comparison", "ms, median difference", "95% CI", "n"],
+        rows,
+        (3, 5),
+    )
 
 
 def _replica_shares(results: dict[str, Any]) -> list[str]:
@@ -411,15 +416,12 @@ def _replica_shares(results: dict[str, Any]) -> list[str]:
             sent = len(run["records"][phase])
             largest = f"{shares[0]:.2f}" if total == sent else f"{shares[0]:.2f} (of {sent} sent)"
             rows.append([f"{i}-{run['setting']}", phase, total, counts, largest])
-    if not rows:
-        return []
-    header = ["run", "phase", "generator calls", "per replica", "largest share"]
-    return [
-        "",
+    return _section(
         "Generator calls per replica (Serve's access log):",
-        "",
-        markdown_table(header, rows, numeric=(2, 4)),
-    ]
+        ["run", "phase", "generator calls", "per replica", "largest share"],
+        rows,
+        (2, 4),
+    )
 
 
 def report(results: dict[str, Any]) -> str:
@@ -504,10 +506,7 @@ def _answers_table(
             continue
         scores = {
             name: {
-                metric: [
-                    _mean_over_runs(setting_runs, phase, i, golds[i], score)
-                    for i in range(len(golds))
-                ]
+                metric: _per_request(setting_runs, phase, _scored(score, golds))
                 for metric, score in (("f1", f1), ("contains", answer_survives))
             }
             for name, setting_runs in runs.items()
@@ -526,45 +525,26 @@ def _answers_table(
                         for m in ("f1", "contains")
                     ]  # fmt: skip
                     rows.append([phase, segment, f"{a} − {b}", len(keep),
-                                 *(_difference(d) for d in diffs)])  # fmt: skip
-    if not rows:
-        return []
-    header = ["phase", "requests", "setting", "n", "F1", "answer holds a gold"]
-    return [
-        "",
+                                 *(fmt_difference(d) for d in diffs)])  # fmt: skip
+    return _section(
         "Answers against the gold answers (mean over requests, each the mean of its runs; "
         "differences paired by request with a 95% bootstrap interval):",
-        "",
-        markdown_table(header, rows, numeric=(3,)),
-    ]
+        ["phase", "requests", "setting", "n", "F1", "answer holds a gold"],
+        rows,
+        (3,),
+    )
 
 
-def _mean_over_runs(
-    setting_runs: Sequence[dict[str, list[dict[str, Any]]]],
-    phase: str,
-    index: int,
-    golds: Sequence[str],
-    score: Callable[[str, Sequence[str]], float | bool],
-) -> float | None:
-    """The request's `score` against its golds, averaged over the runs that answered it."""
-    values = [
-        float(score(run[phase][index].get("answer", ""), golds))
-        for run in setting_runs
-        if run[phase][index]["ok"]
-    ]
-    return sum(values) / len(values) if values else None
+def _scored(
+    score: Callable[[str, Sequence[str]], float | bool], golds: Sequence[Sequence[str]]
+) -> Callable[[dict[str, Any]], float]:
+    """A record's answer scored against the golds of its request (by its index)."""
+    return lambda record: float(score(record.get("answer", ""), golds[record["index"]]))
 
 
 def _mean(values: Sequence[float | None]) -> str:
     kept = [v for v in values if v is not None]
     return f"{sum(kept) / len(kept):.3f}" if kept else "-"
-
-
-def _difference(interval: Interval | None) -> str:
-    if interval is None:
-        return "-"
-    text = f"{interval.estimate:+.3f} [{interval.low:+.3f}, {interval.high:+.3f}]"
-    return text + (" (no detectable difference)" if interval.low <= 0 <= interval.high else "")
 
 
 def _retrieve(plan: Sequence[Phase], index_dir: Path, top_k: int) -> dict[str, list[list[Any]]]:

@@ -472,6 +472,15 @@ def fmt_ratio(interval: Interval | None, n: int | None = None) -> str:
     return text + (f": {NO_DIFFERENCE}" if interval.contains(1.0) else "")
 
 
+def fmt_difference(interval: Interval | None) -> str:
+    """`-0.047 [-0.084, -0.011]`, and " (no detectable difference)" when the interval holds
+    0; "-" for none."""
+    if interval is None:
+        return "-"
+    text = f"{interval.estimate:+.3f} [{interval.low:+.3f}, {interval.high:+.3f}]"
+    return text + (f" ({NO_DIFFERENCE})" if interval.contains(0.0) else "")
+
+
 def fmt_interval(interval: Interval | None, digits: int = 3) -> str:
     """`0.800 [0.700, 0.880] (n=120)`, or "-" for none."""
     return "-" if interval is None else f"{interval.text(digits)} (n={interval.n})"

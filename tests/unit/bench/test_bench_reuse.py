@@ -334,7 +334,7 @@ def test_the_report_scores_conversation_answers_against_their_golds_paired_by_re
     ]  # fmt: skip
 
     def answered(*answers: str) -> list[dict]:
-        return [record(100) | {"answer": answer} for answer in answers]
+        return [record(100) | {"index": i, "answer": a} for i, a in enumerate(answers)]
 
     today = answered("a white cat", "a dog", "no", "white cat")
     reuse = answered("a white cat", "the white cat", "white", "white cat")
