@@ -12,6 +12,8 @@ def test_output_sits_beside_the_model_named_by_scheme() -> None:
     model = Path(".models/qwen2.5-coder-1.5b-instruct")
     assert qm.output_for(model, "int4") == Path(".models/qwen2.5-coder-1.5b-instruct-w4a16")
     assert qm.output_for(model, "int8") == Path(".models/qwen2.5-coder-1.5b-instruct-w8a8")
+    rtn = qm.output_for(model, "int8", "rtn")
+    assert rtn == Path(".models/qwen2.5-coder-1.5b-instruct-w8a8-rtn")
 
 
 def test_windows_are_whole_seeded_and_never_overlap() -> None:
