@@ -9,6 +9,8 @@ checkpoints with scripts/quantize_models.py):
 - fp32: the prepared weights served in float32 (the service's CPU default);
 - bf16: the same weights in bfloat16, a latency probe only;
 - int8: W8A8 (SmoothQuant + GPTQ), the `-w8a8` checkpoint;
+- int8rtn: W8A8 (SmoothQuant, weights rounded to nearest), the `-w8a8-rtn` checkpoint, in
+  bfloat16 (the fast dtype where the CPU has AMX, whose int8 kernel it runs on);
 - int4: W4A16 (GPTQ, groups of 128), the `-w4a16` checkpoint, in bfloat16: vLLM's CPU WNA16
   kernel has no float32 path (`"cpu_gemm_wna16" not implemented for 'Float'`);
 - int4a8: the same checkpoint run as W4A8 (activations quantized to int8 per token at run
@@ -92,6 +94,7 @@ VARIANTS = {
     "fp32": Variant("", "float32", "prepared weights"),
     "bf16": Variant("", "bfloat16", "prepared weights"),
     "int8": Variant("-w8a8", "float32", "W8A8 INT8 (SmoothQuant + GPTQ)"),
+    "int8rtn": Variant("-w8a8-rtn", "bfloat16", "W8A8 INT8 (SmoothQuant, round to nearest)"),
     "int4": Variant(
         "-w4a16", "bfloat16", "W4A16 INT4 (GPTQ, group 128)", (("VLLM_CPU_INT4_W4A8", "0"),)
     ),
