@@ -182,14 +182,18 @@ def resolve(
     python: str = sys.executable,
     index_url: str = INDEX_URL,
     environ: Mapping[str, str] | None = None,
+    allow_downloads: bool = False,
 ) -> dict[str, Any]:
-    """pip's installation report for `requirements` on the lock's target (nothing installed)."""
+    """pip's installation report for `requirements` on the lock's target (nothing installed;
+    nothing downloaded but metadata unless `allow_downloads`)."""
     env = pip_environment(os.environ if environ is None else environ)
     fast_deps = supports_fast_deps(python, env)
-    if not fast_deps:
-        sys.stderr.write(
-            "this pip has no --use-feature=fast-deps: from an index without PEP 658 metadata "
-            "it downloads every wheel (several GB)\n"
+    if not fast_deps and not allow_downloads:
+        # Without it, from an index that serves no PEP 658 metadata (as reached from here),
+        # pip downloads every wheel to read its metadata: several GB of CUDA libraries.
+        raise ResolutionError(
+            "this pip has no --use-feature=fast-deps, so the dry run would download every "
+            "wheel (several GB); pass --allow-downloads to do it anyway"
         )
     with tempfile.TemporaryDirectory(prefix="gpu-lock-") as folder:
         report = Path(folder) / "report.json"
@@ -320,6 +324,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--python", default=sys.executable, help="the interpreter whose pip resolves"
     )
+    parser.add_argument(
+        "--allow-downloads",
+        action="store_true",
+        help="where pip cannot read metadata alone, download every wheel (several GB)",
+    )
     args = parser.parse_args(argv)
     requirements = top_level_requirements(PYPROJECT.read_text())
     target = f"CPython {PYTHON_VERSION}, manylinux_2_{GLIBC_MINOR} x86_64, {args.index_url}"
@@ -331,6 +340,7 @@ def main(argv: list[str] | None = None) -> int:
             constraints=None if args.write else args.lock,
             python=args.python,
             index_url=args.index_url,
+            allow_downloads=args.allow_downloads,
         )
     except (LockError, ResolutionError, OSError) as error:
         sys.stderr.write(f"{args.lock}: does not resolve for {target}\n{error}\n")
