@@ -19,7 +19,7 @@ export RAY_USAGE_STATS_ENABLED := 0
 # Serve's proxy checks the API key before it reads a body (app/proxy_guard.py).
 export RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH := deployments.proxy_callback.middlewares
 
-.PHONY: setup install models models-qwen models-qwen15 models-quantized bench-quantization index browser prometheus monitor dashboard kuberay-manifest advise gpu-costs gpu-smoke run test lint unit integration reliability chaos bench bench-reuse bench-prefix bench-quick eval eval-quick eval-default stop clean
+.PHONY: setup install models models-qwen models-qwen15 models-quantized bench-quantization index browser prometheus monitor dashboard kuberay-manifest advise gpu-costs gpu-smoke gpu-lock-check run test lint unit integration reliability chaos bench bench-reuse bench-prefix bench-quick eval eval-quick eval-default stop clean
 
 setup: install models index
 
@@ -138,6 +138,12 @@ gpu-smoke:
 	HF_HUB_OFFLINE=0 TRANSFORMERS_OFFLINE=0 $(BIN)/python -m bench.gpu_smoke \
 		--index-path indexes/default --out bench-results/gpu-smoke.json
 
+# The GPU profile's lock (requirements/gpu.lock), resolved by pip for CPython 3.11 on manylinux
+# x86_64 from PyPI: a dry run that reads the wheels' metadata only, needs no GPU and fails unless
+# the resolution is exactly the lock's pins (about 30 s here). docs/gpu-profile.md, "The GPU install"
+gpu-lock-check: install
+	$(BIN)/python -m scripts.check_gpu_lock
+
 run: setup models-qwen15
 	$(BIN)/serve run serve_config.yaml
 
@@ -156,7 +162,7 @@ integration: setup browser prometheus
 # one shared real app for the session (tests/services.py; docs/testing.md). The slowest
 # tests and each service start's time are listed at the end, so that a CI run that grows
 # shows where the time went.
-test: setup lint browser prometheus
+test: setup lint gpu-lock-check browser prometheus
 	$(BIN)/pytest tests --durations=20
 
 reliability: setup

