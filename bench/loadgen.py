@@ -83,6 +83,7 @@ class RequestSpec:
     # RAG endpoint only: the conversation before `question`, oldest first, as
     # ({"role": "user" | "assistant", "content": ...}, ...).
     history: tuple[dict[str, str], ...] = ()
+    answer_style: str | None = None  # "short" or "explained"; None: the service's default
 
     def __post_init__(self) -> None:
         if self.messages is not None and self.endpoint != "chat":
@@ -152,6 +153,8 @@ def request_body(spec: RequestSpec) -> dict[str, Any]:
         rag["compression"] = compression
     if spec.include_context:
         rag["include_context"] = True
+    if spec.answer_style is not None:
+        rag["answer_style"] = spec.answer_style
     sampling = {} if spec.temperature is None else {"temperature": spec.temperature}
     if spec.endpoint == "rag":
         history = {"history": [dict(turn) for turn in spec.history]} if spec.history else {}

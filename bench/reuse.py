@@ -70,6 +70,14 @@ MAX_TOKENS = 16
 
 
 @dataclass(frozen=True)
+class Answers:
+    """How every request of a run asks to be answered."""
+
+    max_tokens: int = MAX_TOKENS
+    style: str | None = None  # None: the service's default answer style
+
+
+@dataclass(frozen=True)
 class WorkItem:
     question_id: str
     question: str
@@ -231,14 +239,15 @@ def conversation_phases(
     ]
 
 
-def specs(phase: Phase, setting: Setting) -> list[RequestSpec]:
+def specs(phase: Phase, setting: Setting, answers: Answers = Answers()) -> list[RequestSpec]:
     return [
         RequestSpec(
             "rag",
             item.question,
-            MAX_TOKENS,
+            answers.max_tokens,
             compression_method=setting.method,
             compression_reuse=setting.reuse,
+            answer_style=answers.style,
         )
         for item in phase.items
     ]
@@ -252,6 +261,7 @@ def run_setting(
     run: int,
     index: Path = DEFAULT_INDEX_DIR,
     generator: dict[str, object] | None = None,
+    answers: Answers = Answers(),
 ) -> tuple[dict[str, list[dict[str, Any]]], dict[str, dict[str, int]]]:
     """Start a fresh service for `setting` over `index`, read by `generator`'s overrides
     (MEASURED_WITH by default), send every phase in turn, stop it: the records of every
@@ -269,7 +279,8 @@ def run_setting(
         for phase in plan:
             logger.info("%s: %s, %d requests", name, phase.name, len(phase.items))
             offset = log.stat().st_size
-            records[phase.name] = [asdict(r) for r in asyncio.run(_send(url, phase, setting))]
+            sent = asyncio.run(_send(url, phase, setting, answers))
+            records[phase.name] = [asdict(r) for r in sent]
             time.sleep(_LOG_LAG_S)
             with log.open("rb") as file:
                 file.seek(offset)
@@ -282,20 +293,23 @@ def generator_calls(log_text: str) -> dict[str, int]:
     return dict(Counter(_GENERATOR_CALL.findall(log_text)))
 
 
-async def _send(url: str, phase: Phase, setting: Setting) -> list[RequestRecord]:
+async def _send(url: str, phase: Phase, setting: Setting, answers: Answers) -> list[RequestRecord]:
     async with make_client(url) as client:
         if phase.name in CONVERSATION_PHASES:
-            return await _converse(client, phase, setting)
+            return await _converse(client, phase, setting, answers)
+        questions = specs(phase, setting, answers)
         return await run_load(
-            client, specs(phase, setting), rate_per_s=None, concurrency=phase.concurrency, seed=0
+            client, questions, rate_per_s=None, concurrency=phase.concurrency, seed=0
         )
 
 
-async def _converse(client: Any, phase: Phase, setting: Setting) -> list[RequestRecord]:
+async def _converse(
+    client: Any, phase: Phase, setting: Setting, answers: Answers = Answers()
+) -> list[RequestRecord]:
     """`phase.concurrency` conversations at a time, each question after the one before it
     was answered, with the questions and answers so far as its history (as a client sends
     them: text only)."""
-    questions = specs(phase, setting)
+    questions = specs(phase, setting, answers)
     records: list[RequestRecord] = [
         RequestRecord(i, "rag", q.question) for i, q in enumerate(questions)
     ]
@@ -683,6 +697,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="A prepared reader's model id (.models/<id>) served in serve_config.yaml's own "
         "dtype (fastest); default: SmolLM2 in fp32, the stored runs' reader.",
     )
+    parser.add_argument(
+        "--answer-style",
+        choices=("short", "explained"),
+        help="The answer style every request asks for (default: the service's).",
+    )
+    parser.add_argument("--max-tokens", type=int, default=MAX_TOKENS, help="Tokens an answer.")
     parser.add_argument("--requests", type=int, default=100, help="Requests a skewed phase.")
     parser.add_argument("--paragraphs", type=int, default=200)
     parser.add_argument("--zipf", type=float, default=1.0, help="Zipf exponent s.")
@@ -750,8 +770,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     for run, name in enumerate(args.settings):
         generator = None if args.reader is None else reader(args.reader)
         records, calls = run_setting(
-            SETTINGS[name], plan, args.config, args.out, run, index, generator
-        )
+            SETTINGS[name], plan, args.config, args.out, run, index, generator,
+            Answers(args.max_tokens, args.answer_style),
+        )  # fmt: skip
         results["runs"].append({"setting": name, "records": records, "generator_calls": calls})
         saved.write_text(json.dumps(results, indent=1))  # kept as it grows
     (args.out / "README.md").write_text(report(results))

@@ -27,6 +27,7 @@ from pipeline.messages import (
     Turn,
 )
 from prepare.budget import context_budget_tokens, fit_to_budget
+from prepare.chat_tokens import ChatTokens
 from prepare.compression import ChunkCompressor, count_context_tokens
 from prepare.context import ContextChunk
 from prepare.continuation import SentTurn, SentTurns, shown_sentences, turn_key, turn_scope
@@ -100,6 +101,9 @@ class PromptPreparer:
         sent_turns: SentTurns | None = None,
     ) -> None:
         self._tokenizer = tokenizer
+        # Prompts' counts from their messages' (a continued history's sent questions are
+        # tokenized once, not once per count per turn), where the template allows it.
+        self._chat_tokens = ChatTokens(tokenizer)
         self._passage_cache = passage_cache
         self._sent_turns = sent_turns
         # prepare() runs on several threads at once (asyncio.to_thread); the view is shared.
@@ -263,9 +267,7 @@ class PromptPreparer:
         self, system_prompt: str, question: str, history: tuple[Turn, ...], max_output: int
     ) -> tuple[int, int]:
         """(the prompt's tokens without sources, the tokens left for sources)."""
-        fixed_tokens = self._tokenizer.count_chat(
-            build_messages(system_prompt, [], question, history)
-        )
+        fixed_tokens = self._chat_tokens.count(build_messages(system_prompt, [], question, history))
         room = context_budget_tokens(
             self._max_model_len, max_output, fixed_tokens, self._margin_tokens
         )
@@ -423,7 +425,7 @@ class PromptPreparer:
         with_history = system
         if history:
             messages = [{"role": "system", "content": system_prompt}, *history_messages(history)]
-            with_history = self._tokenizer.count_chat(messages, False)
+            with_history = self._chat_tokens.count(messages, False)
         passages = 0
         if source_tokens:
             joins = (len(source_tokens) - 1) * self._source_join_tokens

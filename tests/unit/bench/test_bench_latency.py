@@ -262,6 +262,9 @@ def test_request_body_leaves_out_unset_options():
     assert request_body(RequestSpec("rag", "q", 1, compression_rate=0.3))["compression"] == {
         "rate": 0.3
     }
+    assert request_body(RequestSpec("rag", "q", 1, answer_style="short"))["answer_style"] == "short"
+    chat = request_body(RequestSpec("chat", "q", 1, answer_style="short"))
+    assert chat["rag"] == {"answer_style": "short"}
 
 
 def test_chat_spec_can_carry_its_own_messages_and_temperature():

@@ -294,10 +294,12 @@ def test_a_follow_up_carries_the_questions_and_the_services_answers_before_it(mo
     monkeypatch.setattr(reuse_module, "run_load", answering)
     (phase, _) = conversation_phases([story("s0", 3), story("s1", 3)], 1, 3, seed=0)
 
-    records = asyncio.run(reuse_module._converse(None, phase, SETTINGS["reuse"]))
+    answers = reuse_module.Answers(max_tokens=48, style="short")
+    records = asyncio.run(reuse_module._converse(None, phase, SETTINGS["reuse"], answers))
 
     first, second, third = sent
     assert first.history == () and first.compression_reuse is True
+    assert {(spec.max_tokens, spec.answer_style) for spec in sent} == {(48, "short")}
     assert second.history == (
         {"role": "user", "content": first.question}, {"role": "assistant", "content": "A1"},
     )  # fmt: skip

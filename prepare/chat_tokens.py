@@ -1,0 +1,97 @@
+"""A prompt's chat-template token count from its messages' counts, each message tokenized once.
+
+A follow-up that continues the prompts before it (prepare.continuation) carries every earlier
+prompt's sources in its history, and the preparer counts that history to fit the window and
+again to report its share of the prompt: counted whole, a fourth question tokenized three
+prompts' worth of text twice. Under a template that renders each message on its own (ChatML:
+role markers and separators that are special tokens, so no token spans two messages), a
+chat's count is the sum of its messages' counts, and a message seen in an earlier turn's
+prompt (the question as it was sent, the answer) is counted from memory.
+
+Whether the template is such is probed once, on the serving tokenizer, against whole
+counts; where it is not, every count is a whole one: a template the probe does not vouch
+for costs time, never a wrong budget.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+from collections import OrderedDict
+from collections.abc import Sequence
+from typing import Protocol
+
+# Messages whose count the probe compares with the whole chat's: roles in the order a
+# follow-up's prompt has them, texts that open and close with whitespace and markup.
+_PROBE = (
+    {"role": "system", "content": "Answer from the sources.\n"},
+    {"role": "user", "content": 'Sources:\n<source id="a#0">One. Two.</source>\n\nQuestion: Who?'},
+    {"role": "assistant", "content": " Nobody, [a#0].\n"},
+    {"role": "user", "content": "Sources: none new.\n\nQuestion: And then? "},
+)
+
+
+class ChatCounter(Protocol):
+    def count_chat(
+        self, messages: Sequence[dict[str, str]], generation_prompt: bool = True
+    ) -> int: ...
+
+
+class ChatTokens:
+    """Counts a chat (a system message first) as the serving template renders it."""
+
+    def __init__(self, tokenizer: ChatCounter, capacity: int = 1024) -> None:
+        if capacity < 1:
+            raise ValueError("capacity must be at least 1")
+        self._tokenizer = tokenizer
+        self._capacity = capacity
+        self._messages: OrderedDict[bytes, int] = OrderedDict()
+        self._lock = threading.Lock()
+        self._anchor = [dict(_PROBE[0])]
+        self._anchor_tokens = tokenizer.count_chat(self._anchor, False)
+        self._generation_tokens = tokenizer.count_chat(self._anchor) - self._anchor_tokens
+        self.additive = all(
+            self._summed(_PROBE[:end], prompt) == tokenizer.count_chat(_PROBE[:end], prompt)
+            for end in (1, 2, 3, len(_PROBE))
+            for prompt in (True, False)
+        )
+
+    def count(self, messages: Sequence[dict[str, str]], generation_prompt: bool = True) -> int:
+        """Tokens of `messages` rendered by the chat template, with the generation prompt
+        unless `generation_prompt` is False: the same as counting the rendered chat."""
+        if not self.additive or not messages or messages[0]["role"] != "system":
+            return self._tokenizer.count_chat(messages, generation_prompt)
+        return self._summed(messages, generation_prompt)
+
+    def _summed(self, messages: Sequence[dict[str, str]], generation_prompt: bool) -> int:
+        opening = self._message(messages[0], alone=True)
+        rest = sum(self._message(message) for message in messages[1:])
+        return opening + rest + (self._generation_tokens if generation_prompt else 0)
+
+    def _message(self, message: dict[str, str], alone: bool = False) -> int:
+        """A message's tokens: as the chat's first (`alone`), or after a system message."""
+        key = _key(message, alone)
+        with self._lock:
+            tokens = self._messages.get(key)
+            if tokens is not None:
+                self._messages.move_to_end(key)
+                return tokens
+        if alone:
+            tokens = self._tokenizer.count_chat([message], False)
+        else:
+            tokens = self._tokenizer.count_chat([*self._anchor, message], False)
+            tokens -= self._anchor_tokens
+        with self._lock:
+            self._messages[key] = tokens
+            while len(self._messages) > self._capacity:
+                self._messages.popitem(last=False)
+        return tokens
+
+
+def _key(message: dict[str, str], alone: bool) -> bytes:
+    digest = hashlib.blake2b(digest_size=16)
+    for part in ("1" if alone else "0", message["role"], message["content"]):
+        data = part.encode()
+        digest.update(len(data).to_bytes(8, "little"))
+        digest.update(data)
+    return digest.digest()
