@@ -7,7 +7,7 @@
 Variants of a reader (its prepared folder under .models; `make models-quantized` makes the
 checkpoints with scripts/quantize_models.py):
 - fp32: the prepared weights served in float32 (the service's CPU default);
-- bf16: the same weights in bfloat16, a latency probe only;
+- bf16: the same weights in bfloat16 (what `make run` serves where the CPU has native bf16);
 - int8: W8A8 (SmoothQuant + GPTQ), the `-w8a8` checkpoint;
 - int8rtn: W8A8 (SmoothQuant, weights rounded to nearest), the `-w8a8-rtn` checkpoint, in
   bfloat16 (the fast dtype where the CPU has AMX, whose int8 kernel it runs on);
