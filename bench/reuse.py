@@ -253,6 +253,18 @@ def specs(phase: Phase, setting: Setting, answers: Answers = Answers()) -> list[
     ]
 
 
+def generator_overrides(
+    reader_id: str | None, max_model_len: int | None
+) -> dict[str, object] | None:
+    """What serves the run's reader (None: MEASURED_WITH's, the stored runs' SmolLM2), with
+    `max_model_len` as its context window where given."""
+    generator = None if reader_id is None else reader(reader_id)
+    if max_model_len is None:
+        return generator
+    return {**(MEASURED_WITH if generator is None else generator),
+            "generator.max_model_len": max_model_len}  # fmt: skip
+
+
 def run_setting(
     setting: Setting,
     plan: Sequence[Phase],
@@ -703,6 +715,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="The answer style every request asks for (default: the service's).",
     )
     parser.add_argument("--max-tokens", type=int, default=MAX_TOKENS, help="Tokens an answer.")
+    parser.add_argument(
+        "--max-model-len",
+        type=int,
+        help="The generator's context window (generator.max_model_len; default: the config's).",
+    )
     parser.add_argument("--requests", type=int, default=100, help="Requests a skewed phase.")
     parser.add_argument("--paragraphs", type=int, default=200)
     parser.add_argument("--zipf", type=float, default=1.0, help="Zipf exponent s.")
@@ -768,7 +785,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     }
     os.environ.update(DEDUP_OFF)
     for run, name in enumerate(args.settings):
-        generator = None if args.reader is None else reader(args.reader)
+        generator = generator_overrides(args.reader, args.max_model_len)
         records, calls = run_setting(
             SETTINGS[name], plan, args.config, args.out, run, index, generator,
             Answers(args.max_tokens, args.answer_style),

@@ -354,3 +354,15 @@ def test_the_report_scores_conversation_answers_against_their_golds_paired_by_re
     assert "| conversation-c1 | warm | reuse | 3 | 0.889 | 0.667 |" in text
     assert "| conversation-c1 | cold | reuse − today | 1 |" in text
     assert "| conversation-c1 | warm | reuse − today | 3 | +0.556 [" in text
+
+
+def test_the_generator_overrides_name_the_reader_and_the_window_only_when_asked():
+    assert reuse_module.generator_overrides(None, None) is None
+    qwen = reuse_module.generator_overrides("qwen2.5-coder-1.5b-instruct", None)
+    assert qwen is not None and str(qwen["generator.model_source"]).endswith("1.5b-instruct")
+    assert "generator.max_model_len" not in qwen
+    longer = reuse_module.generator_overrides("qwen2.5-coder-1.5b-instruct", 4096)
+    assert longer == {**qwen, "generator.max_model_len": 4096}
+    smol = reuse_module.generator_overrides(None, 4096)
+    assert smol is not None and smol["generator.max_model_len"] == 4096
+    assert smol["generator.engine_kwargs.dtype"] == "float32"  # the stored runs' reader
