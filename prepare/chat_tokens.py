@@ -15,11 +15,10 @@ for costs time, never a wrong budget.
 
 from __future__ import annotations
 
-import hashlib
-import threading
-from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Protocol
+
+from prepare.memo import BoundedLru, parts_digest
 
 # Messages whose count the probe compares with the whole chat's: roles in the order a
 # follow-up's prompt has them, texts that open and close with whitespace and markup.
@@ -41,12 +40,8 @@ class ChatTokens:
     """Counts a chat (a system message first) as the serving template renders it."""
 
     def __init__(self, tokenizer: ChatCounter, capacity: int = 1024) -> None:
-        if capacity < 1:
-            raise ValueError("capacity must be at least 1")
         self._tokenizer = tokenizer
-        self._capacity = capacity
-        self._messages: OrderedDict[bytes, int] = OrderedDict()
-        self._lock = threading.Lock()
+        self._messages: BoundedLru[str, int] = BoundedLru(capacity)
         self._anchor = [dict(_PROBE[0])]
         self._anchor_tokens = tokenizer.count_chat(self._anchor, False)
         self._generation_tokens = tokenizer.count_chat(self._anchor) - self._anchor_tokens
@@ -70,28 +65,14 @@ class ChatTokens:
 
     def _message(self, message: dict[str, str], alone: bool = False) -> int:
         """A message's tokens: as the chat's first (`alone`), or after a system message."""
-        key = _key(message, alone)
-        with self._lock:
-            tokens = self._messages.get(key)
-            if tokens is not None:
-                self._messages.move_to_end(key)
-                return tokens
+        key = parts_digest("1" if alone else "0", message["role"], message["content"])
+        tokens = self._messages.get(key)
+        if tokens is not None:
+            return tokens
         if alone:
             tokens = self._tokenizer.count_chat([message], False)
         else:
             tokens = self._tokenizer.count_chat([*self._anchor, message], False)
             tokens -= self._anchor_tokens
-        with self._lock:
-            self._messages[key] = tokens
-            while len(self._messages) > self._capacity:
-                self._messages.popitem(last=False)
+        self._messages.put(key, tokens)
         return tokens
-
-
-def _key(message: dict[str, str], alone: bool) -> bytes:
-    digest = hashlib.blake2b(digest_size=16)
-    for part in ("1" if alone else "0", message["role"], message["content"]):
-        data = part.encode()
-        digest.update(len(data).to_bytes(8, "little"))
-        digest.update(data)
-    return digest.digest()

@@ -20,13 +20,11 @@ history) goes as the client sent it: a miss costs the cache hit, not the answer'
 
 from __future__ import annotations
 
-import hashlib
-import threading
-from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from pipeline.messages import Turn
+from prepare.memo import BoundedLru, parts_digest
 
 
 @dataclass(frozen=True)
@@ -56,40 +54,23 @@ def turn_scope(collection: str, system_prompt: str) -> str:
 def turn_key(scope: str, earlier: Sequence[Turn], question: str) -> str:
     """The digest a question's sent message is remembered under: its scope (turn_scope),
     the turns before the question as the client sends them, and the question."""
-    digest = hashlib.blake2b(digest_size=16)
-    for part in (scope, *(f"{t.role}\x00{t.content}" for t in earlier), question):
-        data = part.encode()
-        digest.update(len(data).to_bytes(8, "little"))
-        digest.update(data)
-    return digest.hexdigest()
+    return parts_digest(scope, *(f"{t.role}\x00{t.content}" for t in earlier), question)
 
 
 class SentTurns:
     """The user messages of the last `capacity` questions this replica prepared (LRU)."""
 
     def __init__(self, capacity: int) -> None:
-        if capacity < 1:
-            raise ValueError("capacity must be at least 1")
-        self._capacity = capacity
-        self._turns: OrderedDict[str, SentTurn] = OrderedDict()
-        self._lock = threading.Lock()
+        self._turns: BoundedLru[str, SentTurn] = BoundedLru(capacity)
 
     def __len__(self) -> int:
         return len(self._turns)
 
     def remember(self, key: str, turn: SentTurn) -> None:
-        with self._lock:
-            self._turns[key] = turn
-            self._turns.move_to_end(key)
-            while len(self._turns) > self._capacity:
-                self._turns.popitem(last=False)
+        self._turns.put(key, turn)
 
     def recall(self, key: str) -> SentTurn | None:
-        with self._lock:
-            turn = self._turns.get(key)
-            if turn is not None:
-                self._turns.move_to_end(key)
-            return turn
+        return self._turns.get(key)
 
     def continued(
         self, scope: str, history: Sequence[Turn], start: int = 0
