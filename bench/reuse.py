@@ -13,7 +13,9 @@ Settings, each on a fresh service over the SQuAD index (harness.variant), read b
 reader the stored figures were read by (bench.suite.MEASURED_WITH, SmolLM2 in fp32):
 - naive: prefix caching off, no compression;
 - today: the service's defaults (sentence selection, the `auto` policy);
-- reuse: the same, with `compression.reuse` on (prepare.reuse).
+- reuse: the same, with `compression.reuse` on (prepare.reuse);
+- reuse-repeat: reuse whose continued follow-ups send this turn's passages as compressed,
+  even the sentences earlier turns showed (`compression.reuse.repeat_shown`).
 `today` and `reuse` run twice, in the order today, reuse, reuse, today, so drift over the
 run falls on both; naive once, last. Every request's record is stored; the report pairs
 requests across settings (same questions in the same order) and gives the median
@@ -112,6 +114,9 @@ SETTINGS = {
     ),
     "today": Setting("today", {}, None, False),
     "reuse": Setting("reuse", {}, None, True),
+    # Conversations continued, this turn's passages sent as compressed even where earlier
+    # turns showed them (compression.reuse.repeat_shown).
+    "reuse-repeat": Setting("reuse-repeat", {"compression.reuse.repeat_shown": True}, None, True),
     # vLLM's CPU KV block: prefix caching reuses full blocks only, so a shared passage loses
     # the partial block at its end (on average half a block).
     "today-b128": Setting("today-b128", {"generator.engine_kwargs.block_size": 128}, None, False),
@@ -129,6 +134,8 @@ SETTINGS = {
 # Pairs the report compares, where both sides ran.
 COMPARISONS = (
     ("reuse", "today"),
+    ("reuse-repeat", "today"),
+    ("reuse-repeat", "reuse"),
     ("reuse", "naive"),
     ("today", "naive"),
     ("today-b32", "today-b128"),

@@ -81,6 +81,7 @@ class CompressorDeployment:
                 if compression.reuse.remembered_turns
                 else None
             ),
+            repeat_shown=compression.reuse.repeat_shown,
         )
         self._attributor: Attributor | None = None
         if config.citations.enabled:

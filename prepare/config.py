@@ -146,6 +146,13 @@ class PassageReuseConfig(StrictModel):
         "requests retrieve it again, which a passage retrieved once before seldom was "
         "(`python -m bench.reuse --seeding`).",
     )
+    repeat_shown: bool = Field(
+        False,
+        description="A follow-up's retrieved passages go as their compression keeps them, "
+        "even the sentences earlier turns of its continued prompt showed: more tokens to "
+        "prefill, but this turn's evidence sits beside its question instead of turns back "
+        "(docs/benchmarks.md, conversations). False sends only what was not shown.",
+    )
     remembered_turns: int = Field(
         4096,
         ge=0,

@@ -99,6 +99,7 @@ class PromptPreparer:
         collection_stores: CollectionStores | None = None,
         passage_cache: PassageCacheView | None = None,
         sent_turns: SentTurns | None = None,
+        repeat_shown: bool = False,
     ) -> None:
         self._tokenizer = tokenizer
         # Prompts' counts from their messages' (a continued history's sent questions are
@@ -106,6 +107,8 @@ class PromptPreparer:
         self._chat_tokens = ChatTokens(tokenizer)
         self._passage_cache = passage_cache
         self._sent_turns = sent_turns
+        # A continued follow-up's passages go whole as compressed, shown before or not.
+        self._repeat_shown = repeat_shown
         # prepare() runs on several threads at once (asyncio.to_thread); the view is shared.
         self._passage_cache_lock = threading.Lock()
         self._system_prompts = dict(system_prompts)
@@ -151,6 +154,7 @@ class PromptPreparer:
         collection_stores: CollectionStores | None = None,
         passage_cache: PassageCacheView | None = None,
         sent_turns: SentTurns | None = None,
+        repeat_shown: bool = False,
     ) -> PromptPreparer:
         """Load what preparation needs: the serving tokenizer, the index's sentence store
         (for sentence selection) and LLMLingua's scorer, each only when given;
@@ -177,6 +181,7 @@ class PromptPreparer:
             collection_stores,
             passage_cache,
             sent_turns,
+            repeat_shown,
         )
 
     @property
@@ -237,7 +242,9 @@ class PromptPreparer:
         history, sent = self._sent_turns.continued(scope, whole, len(whole) - len(fitted))
         if not sent:
             return None
-        shown = shown_sentences(sent)
+        # Repeating what earlier turns showed, nothing counts as shown: this turn's passages
+        # go as the plain layout would send them, after the continued history.
+        shown = {} if self._repeat_shown else shown_sentences(sent)
         new: list[ContextChunk] = []
         old: list[ContextChunk] = []
         for chunk in chunks:

@@ -60,7 +60,9 @@ def test_only_remembered_user_turns_are_replaced_and_keys_follow_the_whole_histo
     assert turns.continued("s", history, start=2)[0] == replaced[2:]
 
 
-def preparer(sent_turns: SentTurns | None, max_model_len: int = 2048) -> PromptPreparer:
+def preparer(
+    sent_turns: SentTurns | None, max_model_len: int = 2048, repeat_shown: bool = False
+) -> PromptPreparer:
     store, _ = corpus(*PLAIN_SPECS)
     return PromptPreparer(
         WordTokenizer(),
@@ -69,6 +71,7 @@ def preparer(sent_turns: SentTurns | None, max_model_len: int = 2048) -> PromptP
         sentence_store=store,
         passage_cache=PassageCacheView(10_000, seed_after=1),
         sent_turns=sent_turns,
+        repeat_shown=repeat_shown,
     )
 
 
@@ -151,6 +154,27 @@ def test_sentences_shown_in_any_earlier_turn_count_as_shown(chunks):
     # doc0 was shown whole over two turns: only doc1 is new.
     assert [s.chunk_id for s in a3.sources] == ["doc1#0", "doc0#0"]
     assert "doc0#0" not in a3.messages[-1]["content"]
+
+
+@pytest.mark.parametrize("plan", [NONE, SENTENCES])
+def test_repeating_what_was_shown_continues_the_prompt_with_this_turns_passages_as_planned(
+    chunks, plan
+):
+    prepare = preparer(SentTurns(16), repeat_shown=True).prepare
+    first = Conversation("Which alpha?")
+    asked = prepare(first, retrieval(*chunks[:3]), plan, 64)
+    second = follow_up(first, "alpha0.", "And beta?")
+    then = prepare(second, retrieval(*chunks[:3]), plan, 64)
+
+    # The history is continued (cached) as without repeating ...
+    assert then.messages[: len(asked.messages)] == asked.messages
+    assert then.continued_turns == 1
+    # ... but every passage goes again as this turn's compression keeps it, beside the
+    # question, as the plain layout sends it: nothing is "no new sources".
+    plain = preparer(None).prepare(second, retrieval(*chunks[:3]), plan, 64)
+    assert then.messages[-1] == plain.messages[-1]
+    assert then.sources == plain.sources
+    assert {s.chunk_id for s in then.sources} == {s.chunk_id for s in asked.sources}
 
 
 @pytest.mark.parametrize(
