@@ -1,0 +1,70 @@
+"""Answers of the continued layout (reuse) against today's, pooled over every stored
+conversation run read by the 1.5B in the short style: each follow-up paired with itself
+(each setting the mean of its runs, as bench.reuse's report does), the pairs of all runs
+together, the mean difference with its paired bootstrap 95% interval (bench.stats).
+
+    cd docs/results/reuse/pooled-answers && ../../../../.venv/bin/python pooled.py > pooled.txt
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[4]
+sys.path.insert(0, str(ROOT))
+
+from bench import stats  # noqa: E402
+from bench.squad_metrics import answer_survives, f1  # noqa: E402
+
+RUNS = (
+    "v9-conversation-15b-short",
+    "v10-conversation-15b-4096",
+    "v11-conversation-repeat",
+)
+METRICS = {"F1": f1, "answer holds a gold": answer_survives}
+
+
+def follow_up_scores(run: str, setting: str, metric) -> list[float]:
+    """Per follow-up of the run (every phase), the mean over the setting's runs."""
+    doc = json.loads((ROOT / "docs/results/reuse" / run / "results.json").read_text())
+    scores: list[float] = []
+    for phase in doc["phases"]:
+        items = phase["items"]
+        per_run = [r["records"][phase["name"]] for r in doc["runs"] if r["setting"] == setting]
+        if not per_run:
+            continue
+        for index, item in enumerate(items):
+            if item["warm"]:
+                scores.append(
+                    statistics.mean(
+                        float(metric(records[index]["answer"] or "", item["golds"]))
+                        for records in per_run
+                    )
+                )
+    return scores
+
+
+def main() -> None:
+    for name, metric in METRICS.items():
+        pairs: list[tuple[float, float]] = []
+        for run in RUNS:
+            reuse, today = (
+                follow_up_scores(run, "reuse", metric),
+                follow_up_scores(run, "today", metric),
+            )
+            run_pairs = list(zip(reuse, today, strict=True))
+            difference = stats.paired_difference(run_pairs)
+            print(
+                f"{run}: {name}, reuse - today, n={len(run_pairs)}: "
+                f"{stats.fmt_difference(difference)}"
+            )
+            pairs += run_pairs
+        pooled = stats.paired_difference(pairs)
+        print(f"pooled: {name}, reuse - today, n={len(pairs)}: {stats.fmt_difference(pooled)}")
+
+
+if __name__ == "__main__":
+    main()
