@@ -44,7 +44,7 @@ from prepare.prompt import (
 )
 from prepare.reuse import PassageCacheView, passage_key
 from prepare.sentence_store import SentenceStore
-from prepare.tokens import ServingTokenizer
+from prepare.tokens import RememberedCounts, ServingTokenizer
 
 # (collection, index version) -> that version's sentence store, None when it cannot be read.
 CollectionStores = Callable[[str, str], SentenceStore | None]
@@ -100,11 +100,19 @@ class PromptPreparer:
         passage_cache: PassageCacheView | None = None,
         sent_turns: SentTurns | None = None,
         repeat_shown: bool = False,
+        remembered_counts: int = 16384,
     ) -> None:
         self._tokenizer = tokenizer
         # Prompts' counts from their messages' (a continued history's sent questions are
         # tokenized once, not once per count per turn), where the template allows it.
         self._chat_tokens = ChatTokens(tokenizer)
+        # Passages, sentences and fences recur across requests: counted once each (the last
+        # `remembered_counts` texts; 0 counts every time).
+        self._count = (
+            RememberedCounts(tokenizer.count, remembered_counts)
+            if remembered_counts
+            else tokenizer.count
+        )
         self._passage_cache = passage_cache
         self._sent_turns = sent_turns
         # A continued follow-up's passages go whole as compressed, shown before or not.
@@ -155,6 +163,7 @@ class PromptPreparer:
         passage_cache: PassageCacheView | None = None,
         sent_turns: SentTurns | None = None,
         repeat_shown: bool = False,
+        remembered_counts: int = 16384,
     ) -> PromptPreparer:
         """Load what preparation needs: the serving tokenizer, the index's sentence store
         (for sentence selection) and LLMLingua's scorer, each only when given;
@@ -182,6 +191,7 @@ class PromptPreparer:
             passage_cache,
             sent_turns,
             repeat_shown,
+            remembered_counts,
         )
 
     @property
@@ -209,7 +219,7 @@ class PromptPreparer:
         kept: list[Turn] = []
         used = 0
         for turn in reversed(history):
-            tokens = self._tokenizer.count(turn.content) + _MESSAGE_OVERHEAD_TOKENS
+            tokens = self._count(turn.content) + _MESSAGE_OVERHEAD_TOKENS
             if used + tokens > self._history_max_tokens:
                 break
             kept.append(turn)
@@ -251,7 +261,7 @@ class PromptPreparer:
             (old if _fully_shown(chunk, shown) else new).append(chunk)
         fixed_tokens, room = self._sources_room(system_prompt, question, history, max_output_tokens)
         # The room the new passages need: as much as the plan's compression leaves of them.
-        new_tokens = count_context_tokens(new, self._tokenizer.count)
+        new_tokens = count_context_tokens(new, self._count)
         wanted = min(
             budget, new_tokens if plan.method == NO_COMPRESSION else plan.target_for(new_tokens)
         )
@@ -303,7 +313,7 @@ class PromptPreparer:
         chunks, no_sentences = self._context_chunks(retrieval)
         if reason := self._unmet_need(plan, no_sentences):
             plan, degraded = replace(plan, method=NO_COMPRESSION), degraded or reason
-        count = self._tokenizer.count
+        count = self._count
         history, fixed_tokens, budget = self._fit_to_window(
             system_prompt, question, history, max_output_tokens
         )

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
+
+from prepare.memo import BoundedLru, parts_digest
 
 
 class ServingTokenizer:
@@ -40,3 +42,27 @@ class ServingTokenizer:
         strings = set(self._tokenizer.all_special_tokens)
         strings.update(str(token) for token in self._tokenizer.get_added_vocab())
         return sorted((s for s in strings if s), key=len, reverse=True)
+
+
+class RememberedCounts:
+    """Token counts of texts counted before, from memory.
+
+    A compressor replica counts the same texts again and again: a popular passage each time
+    it is retrieved, each of its sentences in every compression of it, the source fences.
+    Tokenizing them was most of the stage's time (docs/benchmarks.md, the compressor's
+    bookkeeping). A text's count is its own, so a remembered one is exact; the last
+    `capacity` texts are kept, under a digest, so what a client sends bounds nothing but
+    the entries it evicts.
+    """
+
+    def __init__(self, count: Callable[[str], int], capacity: int = 16384) -> None:
+        self._count = count
+        self._counts: BoundedLru[str, int] = BoundedLru(capacity)
+
+    def __call__(self, text: str) -> int:
+        key = parts_digest(text)
+        tokens = self._counts.get(key)
+        if tokens is None:
+            tokens = self._count(text)
+            self._counts.put(key, tokens)
+        return tokens

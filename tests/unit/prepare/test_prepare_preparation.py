@@ -210,6 +210,46 @@ def test_messages_start_with_the_system_prompt_and_hold_every_chunk_that_fits(
     assert prepared.decision is None
 
 
+class TallyingTokenizer(WordTokenizer):
+    """WordTokenizer that counts its plain counts."""
+
+    def __init__(self) -> None:
+        self.counts = 0
+
+    def count(self, text: str) -> int:
+        self.counts += 1
+        return super().count(text)
+
+
+@pytest.mark.parametrize("plan", [CompressionPlan("none"), CompressionPlan("sentences", rate=0.5)])
+def test_remembered_counts_prepare_the_same_prompts_with_fewer_tokenizer_calls(
+    plain_store, plain_chunks, plan
+):
+    def preparer(remembered_counts: int) -> tuple[PromptPreparer, TallyingTokenizer]:
+        tokenizer = TallyingTokenizer()
+        return PromptPreparer(
+            tokenizer,
+            PROMPTS,
+            max_model_len=2048,
+            sentence_store=plain_store,
+            remembered_counts=remembered_counts,
+        ), tokenizer
+
+    (remembering, remembering_tokenizer), (plain, plain_tokenizer) = preparer(64), preparer(0)
+    history = (Turn("user", "Which alpha?"), Turn("assistant", "alpha0."))
+    requests = [Conversation("Which?"), Conversation("And beta?", history), Conversation("Which?")]
+    for conversation in requests:
+        got = remembering.prepare(conversation, retrieval(*plain_chunks), plan, 64)
+        want = plain.prepare(conversation, retrieval(*plain_chunks), plan, 64)
+        assert (got.messages, got.layout, got.sources) == (want.messages, want.layout, want.sources)
+        assert (got.context_tokens_before, got.context_tokens_after, got.truncated) == (
+            want.context_tokens_before,
+            want.context_tokens_after,
+            want.truncated,
+        )
+    assert remembering_tokenizer.counts < plain_tokenizer.counts / 2
+
+
 def test_compression_is_reported_as_before_and_after_counts(plain_store, plain_chunks):
     preparer = PromptPreparer(
         WordTokenizer(), PROMPTS, max_model_len=2048, sentence_store=plain_store

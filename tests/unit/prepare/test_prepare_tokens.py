@@ -6,7 +6,7 @@ tokenizer is exercised in test_retrieval_preparation.py (marker `models`).
 
 from __future__ import annotations
 
-from prepare.tokens import ServingTokenizer
+from prepare.tokens import RememberedCounts, ServingTokenizer
 
 
 class CharTokenizer:
@@ -55,3 +55,19 @@ def test_reserved_strings_are_unique_non_empty_and_longest_first():
 
     assert sorted(reserved) == ["<tool>", "<|im_end|>", "<|im_start|>"]
     assert [len(s) for s in reserved] == sorted((len(s) for s in reserved), reverse=True)
+
+
+def test_a_remembered_count_is_the_texts_own_and_counted_once_until_evicted():
+    counted: list[str] = []
+
+    def count(text: str) -> int:
+        counted.append(text)
+        return len(text.split())
+
+    counts = RememberedCounts(count, capacity=2)
+    assert [counts("a b"), counts("a b"), counts("c")] == [2, 2, 1]
+    assert counted == ["a b", "c"]
+    counts("d e f")  # the third text evicts the least recently used, "a b"
+    assert counts("c") == 1 and counted == ["a b", "c", "d e f"]
+    assert counts("a b") == 2 and counted[-1] == "a b"
+    assert counts("ab") == 1  # another text, another count
