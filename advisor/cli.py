@@ -46,6 +46,7 @@ from advisor.hardware import (
     WEIGHT_BYTES_PER_PARAM,
     GpuSpec,
     ModelSpec,
+    device_from_probe,
     gpu_preset,
     model_preset,
 )
@@ -156,6 +157,8 @@ def format_report(report: Report) -> str:
         "",
         "memory",
         f"  weights                  {f.weight_bytes / GB:10.2f} GB",
+        f"  read per forward pass    {f.streamed_weight_bytes / GB:10.2f} GB  (all but an "
+        "input table of its own)",
         f"  KV cache per token       {f.kv_bytes_per_token:10.0f} B   (2 x {model.layers} layers "
         f"x {model.kv_heads} KV heads x {model.head_dim} x "
         f"{KV_BYTES_PER_ELEMENT[e.kv_dtype]:g} B)",
@@ -172,7 +175,7 @@ def format_report(report: Report) -> str:
         f"  memory floor             {f.decode_memory_floor_ms:10.2f} ms  "
         f"(bytes / {gpu.memory_bandwidth_bytes_per_s / GB:g} GB/s)",
         f"  compute floor            {f.decode_compute_floor_ms:10.2f} ms  "
-        f"(2 x params x batch / {gpu.peak_flops_per_s / TFLOPS:g} TFLOP/s)",
+        f"(2 x multiplied params x batch / {gpu.peak_flops_per_s / TFLOPS:g} TFLOP/s)",
         f"  TPOT floor               {f.tpot_floor_ms:10.2f} ms",
         f"  decode ceiling           {f.decode_tokens_per_s_ceiling:10.0f} tokens/s",
         f"  arithmetic intensity     {f.decode_arithmetic_intensity_flops_per_byte:10.1f} FLOP/B"
@@ -217,6 +220,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--embedding-params", type=float, help="params kept in 16 bits when quantized"
     )
     parser.add_argument("--gpu", help=f"preset: {', '.join(GPUS)}")
+    parser.add_argument(
+        "--device",
+        type=Path,
+        help="a machine measured by `python -m advisor.cpu_probe` (its JSON), instead of --gpu",
+    )
     parser.add_argument("--bandwidth-gb-per-s", type=float, help="memory bandwidth, GB/s")
     parser.add_argument("--peak-tflops", type=float, help="dense peak for the compute dtype")
     parser.add_argument("--memory-gb", type=float, help="GPU memory, GB")
@@ -293,10 +301,16 @@ def _gpu_from_args(args: argparse.Namespace) -> GpuSpec:
         "memory_bytes": _scaled(args.memory_gb, GB),
     }
     overrides: dict[str, Any] = {name: value for name, value in given.items() if value is not None}
+    if args.gpu and args.device:
+        raise ValueError("give --gpu or --device, not both")
     if args.gpu:
         return replace(gpu_preset(args.gpu), **overrides)
+    if args.device:
+        return replace(device_from_probe(json.loads(args.device.read_text())), **overrides)
     if len(overrides) < len(given):
-        raise ValueError("give --gpu or all of --bandwidth-gb-per-s, --peak-tflops, --memory-gb")
+        raise ValueError(
+            "give --gpu, --device or all of --bandwidth-gb-per-s, --peak-tflops, --memory-gb"
+        )
     return GpuSpec(name="custom", **overrides)
 
 

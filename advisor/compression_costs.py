@@ -335,7 +335,8 @@ def render_yaml(predicted: PredictedCosts) -> str:
         "# Predicted, not measured (datasheet floors for the GPU, host figures from a CPU):",
         f"#   {first} \\",
         f"#       {second}",
-        f"# prefill: 2 x {m.params / 1e9:.2f}e9 params / {g.peak_flops_per_s / TFLOPS:g} TFLOP/s "
+        f"# prefill: 2 x {m.matmul_params / 1e9:.2f}e9 multiplied params / "
+        f"{g.peak_flops_per_s / TFLOPS:g} TFLOP/s "
         f"= {block['prefill_ms_per_token']:g} ms per uncached token",
         f"#   ({m.name}, {inputs.quantization}, {g.name}), plus attention's "
         f"2 x {m.layers} layers x {m.hidden_size} x n^2 FLOPs.",

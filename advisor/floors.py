@@ -126,6 +126,7 @@ class Floors:
     """Every figure the advisor derives for one model, GPU, engine and workload."""
 
     weight_bytes: float
+    streamed_weight_bytes: float  # what one forward pass reads of them
     kv_bytes_per_token: float
     kv_budget_bytes: float
     kv_bytes_per_sequence: float
@@ -155,6 +156,13 @@ def weight_bytes(model: ModelSpec, quantization: str) -> float:
         return model.params * width
     embedding = min(model.embedding_params, model.params)
     return (model.params - embedding) * width + embedding * UNQUANTIZED_BYTES_PER_PARAM
+
+
+def streamed_weight_bytes(model: ModelSpec, quantization: str) -> float:
+    """Bytes of weights a forward pass reads: all of them but an input table of its own, of
+    which it gathers only its tokens' rows (kept in 16 bits by quantized checkpoints)."""
+    width = max(WEIGHT_BYTES_PER_PARAM[quantization], UNQUANTIZED_BYTES_PER_PARAM)
+    return weight_bytes(model, quantization) - model.input_table_params * width
 
 
 def kv_bytes_per_token(model: ModelSpec, kv_dtype: str) -> float:
@@ -188,10 +196,11 @@ def decode_step(
     """Floors of one step that advances `batch` sequences of `context_tokens` context by
     `tokens_per_sequence` tokens each (more than 1 when verifying speculative drafts).
 
-    Reads all weights once and every sequence's KV cache; does 2 FLOPs per parameter per token.
+    Reads the streamed weights (streamed_weight_bytes) once and every sequence's KV cache;
+    does 2 FLOPs per multiplied parameter (ModelSpec.matmul_params) per token.
     """
     bytes_read = weights_bytes + batch * context_tokens * per_token_kv_bytes
-    flops = 2 * model.params * batch * tokens_per_sequence
+    flops = 2 * model.matmul_params * batch * tokens_per_sequence
     return DecodeStep(
         batch=batch,
         bytes_read=bytes_read,
@@ -205,9 +214,10 @@ def decode_step(
 def prefill_floors_s(
     model: ModelSpec, gpu: GpuSpec, weights_bytes: float, new_tokens: int
 ) -> tuple[float, float]:
-    """(compute floor, memory floor) in seconds to prefill `new_tokens`: 2 * params * tokens /
-    peak FLOP/s, and one read of the weights / bandwidth. Prefill takes the larger."""
-    compute_s = 2 * model.params * new_tokens / gpu.peak_flops_per_s
+    """(compute floor, memory floor) in seconds to prefill `new_tokens`: 2 * multiplied params
+    * tokens / peak FLOP/s, and one read of `weights_bytes` / bandwidth. Prefill takes the
+    larger."""
+    compute_s = 2 * model.matmul_params * new_tokens / gpu.peak_flops_per_s
     memory_s = weights_bytes / gpu.memory_bandwidth_bytes_per_s
     return compute_s, memory_s
 
@@ -251,17 +261,19 @@ def compute_floors(
     kind (GpuSpec.compute_peak: W8A8 on the 8-bit tensor cores)."""
     gpu = gpu.for_quantization(engine.quantization)
     weights = weight_bytes(model, engine.quantization)
+    streamed = streamed_weight_bytes(model, engine.quantization)
     per_token = kv_bytes_per_token(model, engine.kv_dtype)
     budget = kv_budget_bytes(gpu, weights, engine)
     fit = max_concurrent_sequences(budget, per_token, workload.sequence_tokens)
     running = min(workload.concurrency, fit) if fit > 0 else workload.concurrency
     context = workload.mean_decode_context_tokens
-    step = decode_step(model, gpu, weights, per_token, running, context)
+    step = decode_step(model, gpu, streamed, per_token, running, context)
     prefill_compute_s, prefill_memory_s = prefill_floors_s(
-        model, gpu, weights, workload.new_prompt_tokens
+        model, gpu, streamed, workload.new_prompt_tokens
     )
     return Floors(
         weight_bytes=weights,
+        streamed_weight_bytes=streamed,
         kv_bytes_per_token=per_token,
         kv_budget_bytes=budget,
         kv_bytes_per_sequence=per_token * workload.sequence_tokens,

@@ -38,7 +38,9 @@ class GpuSpec:
 
     `peak_flops_per_s` is the dense (no 2:4 sparsity) bf16/fp16 tensor-core rate; the 8-bit
     rates are the dense FP8 and INT8 tensor-core rates where the GPU has them (None: it has
-    none, and W8A8 matmuls of that kind run at the 16-bit rate at best).
+    none, and W8A8 matmuls of that kind run at the 16-bit rate at best). A CPU is described
+    the same way from a probe of the machine (advisor.cpu_probe): its bf16, int8 and fp32
+    matrix rates and the bandwidth one read of the weights gets.
     """
 
     name: str
@@ -47,6 +49,8 @@ class GpuSpec:
     memory_bytes: float
     peak_fp8_flops_per_s: float | None = None
     peak_int8_ops_per_s: float | None = None
+    # The fp32 rate, where fp32 weights are served (a CPU); None: the 16-bit rate.
+    peak_fp32_flops_per_s: float | None = None
 
     def compute_peak(self, quantization: str) -> float:
         """The tensor-core rate the matmuls of `quantization` run at. fp8 and int8 are W8A8
@@ -54,8 +58,12 @@ class GpuSpec:
         there are some: on an H200, FP8 took 0.51x the bf16 time on a 4,096-token layer
         (docs/retired.md, the retired bench.gpu_matmul). The 4-bit formats (AWQ, GPTQ,
         int4) are W4A16: their kernels dequantize to bf16 and run at the 16-bit rate."""
-        eight_bit = {"fp8": self.peak_fp8_flops_per_s, "int8": self.peak_int8_ops_per_s}
-        return eight_bit.get(quantization) or self.peak_flops_per_s
+        rates = {
+            "fp8": self.peak_fp8_flops_per_s,
+            "int8": self.peak_int8_ops_per_s,
+            "fp32": self.peak_fp32_flops_per_s,
+        }
+        return rates.get(quantization) or self.peak_flops_per_s
 
     def for_quantization(self, quantization: str) -> GpuSpec:
         """This GPU with `peak_flops_per_s` the rate `quantization`'s matmuls run at."""
@@ -73,9 +81,10 @@ class ModelSpec:
 
     `params` counts every weight. `embedding_params` are those in the input embedding and LM
     head (one matrix when tied), which quantized checkpoints keep in 16 bits; 0 treats every
-    weight as quantized. `hidden_size` is informational: the floors count 2 FLOPs per
-    parameter per token and leave out attention's FLOPs (about 2% at 1,000 tokens on
-    Llama-3-8B).
+    weight as quantized. With untied embeddings (`tied_embeddings` False) half of them are
+    the input table, of which a step reads only its tokens' rows: held in memory, not
+    streamed. `hidden_size` is informational: the floors count 2 FLOPs per parameter per
+    token and leave out attention's FLOPs (about 2% at 1,000 tokens on Llama-3-8B).
     """
 
     name: str
@@ -85,6 +94,17 @@ class ModelSpec:
     head_dim: int
     hidden_size: int | None = None
     embedding_params: float = 0.0
+    tied_embeddings: bool = True
+
+    @property
+    def input_table_params(self) -> float:
+        """Params of an input embedding table of its own (0 when tied to the LM head)."""
+        return 0.0 if self.tied_embeddings else min(self.embedding_params, self.params) / 2
+
+    @property
+    def matmul_params(self) -> float:
+        """Params a token multiplies through: all but an input table of its own (a gather)."""
+        return self.params - self.input_table_params
 
 
 GPUS: dict[str, GpuSpec] = {
@@ -109,9 +129,15 @@ GPUS: dict[str, GpuSpec] = {
 MODELS: dict[str, ModelSpec] = {
     # config.json: 32 layers, 8 KV heads of 128, hidden 4096, vocab 128,256, untied embeddings
     # (2 * 128256 * 4096 embedding + LM head params).
-    "llama-3-8b": ModelSpec("Llama-3-8B", 8.03e9, 32, 8, 128, 4096, 2 * 128256 * 4096),
+    "llama-3-8b": ModelSpec("Llama-3-8B", 8.03e9, 32, 8, 128, 4096, 2 * 128256 * 4096, False),
     # config.json: 80 layers, 8 KV heads of 128, hidden 8192, vocab 128,256, untied.
-    "llama-3-70b": ModelSpec("Llama-3-70B", 70.6e9, 80, 8, 128, 8192, 2 * 128256 * 8192),
+    "llama-3-70b": ModelSpec("Llama-3-70B", 70.6e9, 80, 8, 128, 8192, 2 * 128256 * 8192, False),
+    # As prepared here (make models-qwen15, from the GGUF): 28 layers, 2 KV heads of 128,
+    # hidden 1536, vocab 151,936, the LM head its own matrix; 1,777,088,000 params counted
+    # from its safetensors.
+    "qwen2.5-coder-1.5b": ModelSpec(
+        "Qwen2.5-Coder-1.5B", 1777088000, 28, 2, 128, 1536, 2 * 151936 * 1536, False
+    ),
     # config.json: 24 layers, 2 KV heads of 64, hidden 896, vocab 151,936, tied embeddings.
     "qwen2.5-0.5b": ModelSpec("Qwen2.5-0.5B", 494e6, 24, 2, 64, 896, 151936 * 896),
     # config.json: 30 layers, 3 KV heads of 64, hidden 576, vocab 49,152, tied embeddings.
@@ -134,3 +160,27 @@ def _lookup(table: dict[str, _Spec], name: str, kind: str) -> _Spec:
         return table[name.lower()]
     except KeyError:
         raise ValueError(f"unknown {kind} {name!r}; presets: {', '.join(table)}") from None
+
+
+def device_from_probe(probe: dict[str, object]) -> GpuSpec:
+    """The machine a probe measured (advisor.cpu_probe's JSON) as the advisor's device."""
+
+    def rate(key: str, unit: float) -> float | None:
+        value = probe.get(key)
+        return None if value is None else float(value) * unit  # type: ignore[arg-type]
+
+    bandwidth, bf16, memory = (
+        rate("memory_bandwidth_gb_per_s", GB),
+        rate("bf16_tflops", TFLOPS),
+        rate("memory_gb", GB),
+    )
+    if bandwidth is None or bf16 is None or memory is None:
+        raise ValueError("a probe needs memory_bandwidth_gb_per_s, bf16_tflops and memory_gb")
+    return GpuSpec(
+        str(probe.get("name", "probed device")),
+        bandwidth,
+        bf16,
+        memory,
+        peak_int8_ops_per_s=rate("int8_tops", TFLOPS),
+        peak_fp32_flops_per_s=rate("fp32_tflops", TFLOPS),
+    )

@@ -122,7 +122,7 @@ def _speculative_decoding(
 ) -> Recommendation:
     a, k = techniques.acceptance_rate, techniques.draft_tokens
     context = workload.mean_decode_context_tokens
-    weights, per_token = floors.weight_bytes, floors.kv_bytes_per_token
+    weights, per_token = floors.streamed_weight_bytes, floors.kv_bytes_per_token
 
     def speedup_at(batch: int) -> float:
         return speculative_speedup(model, gpu, weights, per_token, batch, context, techniques)
@@ -200,7 +200,7 @@ def _prefix_caching(
     floors: Floors,
     bottleneck: str,
 ) -> Recommendation:
-    per_token_us = 2 * model.params / gpu.peak_flops_per_s * 1e6
+    per_token_us = 2 * model.matmul_params / gpu.peak_flops_per_s * 1e6
     if workload.cached_tokens == 0:
         worth = "the workload is prefill-bound, so " if bottleneck in PREFILL_BOUND else ""
         return Recommendation(

@@ -28,14 +28,14 @@ def close(expected: float):
 
 def test_bench_result_is_joined_with_ratios(tmp_path):
     path = tmp_path / "result.json"
-    path.write_text(json.dumps({"tpot_ms": 108.02786133333333, "output_tokens_per_s": 9.0}))
+    path.write_text(json.dumps({"tpot_ms": 101.02337365333333, "output_tokens_per_s": 9.0}))
     report = advise(LLAMA_8B, L4, Workload(1000, 200), measured=load_bench_result(path))
     measured = {m.metric: m for m in report.measured}
-    # TPOT floor 54.01393 ms (the L4 floors in test_advisor_floors.py) -> ratio 2.0;
-    # ceiling 18.51374 tokens/s -> 9 / 18.51374.
+    # TPOT floor 50.51169 ms (the L4 floors in test_advisor_floors.py) -> ratio 2.0;
+    # ceiling 19.79740 tokens/s -> 9 / 19.79740.
     assert measured["tpot_ms"].ratio == close(2.0)
     assert measured["output_tokens_per_s"].bound_kind == "ceiling"
-    assert measured["output_tokens_per_s"].ratio == close(9.0 * 0.05401393066666667)
+    assert measured["output_tokens_per_s"].ratio == close(9.0 * 0.05051168682666667)
     assert "ttft_ms" not in measured
 
 
@@ -108,6 +108,32 @@ def test_cli_rejects_an_incomplete_custom_model(capsys):
     # The real flag spellings, and only the missing ones.
     assert "--layers, --kv-heads, --head-dim" in err
     assert "--params" not in err.split("error:")[1]
+
+
+def test_cli_takes_a_probed_device_instead_of_a_gpu(capsys, tmp_path):
+    probe = tmp_path / "device.json"
+    probe.write_text(
+        json.dumps(
+            {
+                "name": "a 2-thread CPU",
+                "memory_bandwidth_gb_per_s": 20.0,
+                "bf16_tflops": 2.0,
+                "int8_tops": 4.0,
+                "memory_gb": 24.0,
+            }
+        )
+    )
+    args = ["--model", "qwen2.5-coder-1.5b", "--prompt-tokens", "900", "--output-tokens", "32"]
+
+    assert main([*args, "--device", str(probe), "--quantization", "int8", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    # A step reads 1,777,088,000 B of int8 weights and 16-bit LM head, plus the KV cache of
+    # 916 tokens x 28,672 B (2 x 28 x 2 x 128 x 2 B) = 26,263,552 B: / 20e9 B/s = 90.168 ms.
+    assert report["gpu"]["name"] == "a 2-thread CPU"
+    assert report["floors"]["tpot_floor_ms"] == close((1_777_088_000 + 26_263_552) / 20e9 * 1e3)
+    with pytest.raises(SystemExit):
+        main([*args, "--device", str(probe), "--gpu", "l4"])
+    assert "not both" in capsys.readouterr().err
 
 
 def test_module_runs_as_a_script():

@@ -25,15 +25,29 @@ from advisor.floors import (
     prefill_floors_s,
     speculative_expected_tokens,
     speculative_speedup,
+    streamed_weight_bytes,
     weight_bytes,
 )
-from advisor.hardware import GPUS, MODELS, GpuSpec, ModelSpec, gpu_preset, model_preset
+from advisor.hardware import (
+    GPUS,
+    MODELS,
+    GpuSpec,
+    ModelSpec,
+    device_from_probe,
+    gpu_preset,
+    model_preset,
+)
 
 LLAMA_8B = MODELS["llama-3-8b"]
 L4 = GPUS["l4"]
 H100 = GPUS["h100-sxm"]
-# Llama-3-8B's embedding + LM head: 2 * 128256 * 4096 = 1,050,673,152 params.
+# Llama-3-8B's embedding + LM head: 2 * 128256 * 4096 = 1,050,673,152 params. Untied: the
+# input table (525,336,576) is gathered, not multiplied or streamed, so a token multiplies
+# through 8.03e9 - 525,336,576 = 7,504,663,424 params and a bf16 forward pass reads
+# 16.06e9 - 2 * 525,336,576 = 15,009,326,848 B.
 LLAMA_8B_EMBEDDING_PARAMS = 1_050_673_152
+LLAMA_8B_MATMUL_PARAMS = 7_504_663_424
+LLAMA_8B_STREAMED_BF16 = 15_009_326_848
 # A toy model and GPU with round numbers: 1e9 params, bf16 -> 2e9 weight bytes;
 # KV per token 2 * 10 layers * 5 heads * 100 * 2 B = 20,000 B; ridge 1e14 / 1e12 = 100 FLOP/B.
 TOY_MODEL = ModelSpec("toy", params=1e9, layers=10, kv_heads=5, head_dim=100)
@@ -111,57 +125,65 @@ def test_quantized_llama_keeps_embedding_and_lm_head_in_16_bits():
 
 
 def test_l4_decode_floor_at_batch_1_is_weights_over_bandwidth():
-    # No context: 16.06e9 B / 300e9 B/s = 0.053533... s; FLOPs 2 * 8.03e9 / 121e12 = 1.327e-4 s.
-    step = decode_step(LLAMA_8B, L4, 16.06e9, 131072, batch=1, context_tokens=0)
-    assert step.memory_floor_s == close(16.06e9 / 300e9)
-    assert step.compute_floor_s == close(2 * 8.03e9 / 121e12)
+    # No context: 15,009,326,848 B / 300e9 B/s = 0.0500311 s; FLOPs 2 * 7,504,663,424 / 121e12
+    # = 1.2404e-4 s.
+    step = decode_step(LLAMA_8B, L4, LLAMA_8B_STREAMED_BF16, 131072, batch=1, context_tokens=0)
+    assert step.memory_floor_s == close(LLAMA_8B_STREAMED_BF16 / 300e9)
+    assert step.compute_floor_s == close(2 * LLAMA_8B_MATMUL_PARAMS / 121e12)
     assert step.floor_s == step.memory_floor_s
 
 
 def test_l4_floors_for_one_llama_request():
     floors = compute_floors(LLAMA_8B, L4, Workload(1000, 200), EngineSettings())
     # Mean context 1000 + 200 / 2 = 1100 tokens: KV read 1100 * 131,072 = 144,179,200 B.
-    # Step: (16.06e9 + 144,179,200) / 300e9 = 16,204,179,200 / 300e9 = 54.013930667 ms.
+    # Step: (15,009,326,848 + 144,179,200) / 300e9 = 15,153,506,048 / 300e9 = 50.511687 ms.
+    assert floors.weight_bytes == close(16.06e9)  # held in memory, all of it
+    assert floors.streamed_weight_bytes == close(LLAMA_8B_STREAMED_BF16)
     assert floors.decode_context_tokens == 1100
-    assert floors.decode_bytes_per_step == close(16_204_179_200)
-    assert floors.tpot_floor_ms == close(54.01393066666667)
-    # One sequence: 1 / 0.054013930667 s = 18.51374 tokens/s.
-    assert floors.decode_tokens_per_s_ceiling == close(1 / 0.05401393066666667)
-    # 200 steps * 54.0139 ms = 10,802.786 ms.
-    assert floors.output_decode_ms == close(10802.786133333333)
-    # Intensity: 2 * 8.03e9 FLOPs / 16,204,179,200 B = 0.99110 FLOP/B.
-    assert floors.decode_arithmetic_intensity_flops_per_byte == close(16.06e9 / 16_204_179_200)
+    assert floors.decode_bytes_per_step == close(15_153_506_048)
+    assert floors.tpot_floor_ms == close(50.51168682666667)
+    # One sequence: 1 / 0.050511687 s = 19.7974 tokens/s.
+    assert floors.decode_tokens_per_s_ceiling == close(1 / 0.05051168682666667)
+    # 200 steps * 50.5117 ms = 10,102.337 ms.
+    assert floors.output_decode_ms == close(10102.337365333333)
+    # Intensity: 2 * 7,504,663,424 FLOPs / 15,153,506,048 B = 0.99047 FLOP/B.
+    assert floors.decode_arithmetic_intensity_flops_per_byte == close(
+        2 * LLAMA_8B_MATMUL_PARAMS / 15_153_506_048
+    )
 
 
 def test_prefill_floor_1000_tokens_on_h100():
-    # Compute: 2 * 8.03e9 * 1000 / 989e12 = 16.2386 ms; memory: 16.06e9 / 3.35e12 = 4.794 ms.
-    compute_s, memory_s = prefill_floors_s(LLAMA_8B, H100, 16.06e9, 1000)
-    assert compute_s == close(2 * 8.03e9 * 1000 / 989e12)
-    assert memory_s == close(16.06e9 / 3.35e12)
+    # Compute: 2 * 7,504,663,424 * 1000 / 989e12 = 15.1763 ms; memory: 15,009,326,848 /
+    # 3.35e12 = 4.480 ms.
+    compute_s, memory_s = prefill_floors_s(LLAMA_8B, H100, LLAMA_8B_STREAMED_BF16, 1000)
+    assert compute_s == close(2 * LLAMA_8B_MATMUL_PARAMS * 1000 / 989e12)
+    assert memory_s == close(LLAMA_8B_STREAMED_BF16 / 3.35e12)
     floors = compute_floors(LLAMA_8B, H100, Workload(1000, 10), EngineSettings())
-    assert floors.ttft_floor_ms == close(16.238624873609706)
+    assert floors.ttft_floor_ms == close(15.17626577148635)
 
 
 def test_cached_prefix_is_not_prefilled():
-    # 1256 prompt tokens, 256 cached -> the same 1000 new tokens: 16.2386 ms.
+    # 1256 prompt tokens, 256 cached -> the same 1000 new tokens: 15.1763 ms.
     floors = compute_floors(LLAMA_8B, H100, Workload(1256, 10, cached_tokens=256), EngineSettings())
     assert floors.prefill_tokens == 1000
-    assert floors.ttft_floor_ms == close(16.238624873609706)
+    assert floors.ttft_floor_ms == close(15.17626577148635)
 
 
 def test_short_prefill_is_bound_by_reading_the_weights():
-    # 10 tokens: compute 2 * 8.03e9 * 10 / 121e12 = 1.327 ms < memory 16.06e9 / 300e9 = 53.53 ms.
+    # 10 tokens: compute 2 * 7,504,663,424 * 10 / 121e12 = 1.240 ms < memory 15,009,326,848 /
+    # 300e9 = 50.031 ms.
     floors = compute_floors(LLAMA_8B, L4, Workload(10, 10), EngineSettings())
-    assert floors.ttft_floor_ms == close(53.53333333333333)
+    assert floors.ttft_floor_ms == close(50.03108949333333)
 
 
 def test_batched_prefill_adds_flops_but_reads_the_weights_once():
-    # 16 prompts of 10 tokens: 16 * 2 * 8.03e9 * 10 / 121e12 = 21.236 ms of compute, below one
-    # read of the weights, 16.06e9 / 300e9 = 53.533 ms; 16 prompts of 1000 tokens: 2,123.6 ms.
+    # 16 prompts of 10 tokens: 16 * 2 * 7,504,663,424 * 10 / 121e12 = 19.847 ms of compute,
+    # below one read of the weights, 15,009,326,848 / 300e9 = 50.031 ms; 16 prompts of 1000
+    # tokens: 1,984.7 ms.
     short = compute_floors(LLAMA_8B, L4, Workload(10, 10, concurrency=16), EngineSettings())
-    assert short.batch_prefill_ms == close(53.53333333333333)
+    assert short.batch_prefill_ms == close(50.03108949333333)
     long = compute_floors(LLAMA_8B, L4, Workload(1000, 10, concurrency=16), EngineSettings())
-    assert long.batch_prefill_ms == close(16 * 2 * 8.03e9 * 1000 / 121e12 * 1e3)
+    assert long.batch_prefill_ms == close(16 * 2 * LLAMA_8B_MATMUL_PARAMS * 1000 / 121e12 * 1e3)
 
 
 def test_concurrency_that_fits_toy():
@@ -195,26 +217,26 @@ def test_nothing_fits_when_weights_exceed_memory():
 
 
 def test_classify_memory_bandwidth_bound_decode():
-    # Prefill max(2 * 8.03e9 * 100 / 121e12 = 13.3 ms, 53.5 ms) = 53.5 ms; decode 500 steps of
-    # ~53.6 ms = 26.8 s; intensity ~1 FLOP/B << ridge 403.
+    # Prefill max(2 * 7.50e9 * 100 / 121e12 = 12.4 ms, 50.0 ms) = 50.0 ms; decode 500 steps of
+    # ~50.1 ms = 25.0 s; intensity ~1 FLOP/B << ridge 403.
     floors = compute_floors(LLAMA_8B, L4, Workload(100, 500), EngineSettings())
     assert classify(floors)[0] == MEMORY_BOUND_DECODE
 
 
 def test_classify_prompt_length_bound():
-    # Prefill 2 * 8.03e9 * 8000 / 121e12 = 1,061.8 ms; decode 10 steps of
-    # (16.06e9 + 8005 * 131,072) / 300e9 = 57.03 ms -> 570.3 ms < 1,061.8 ms.
+    # Prefill 2 * 7,504,663,424 * 8000 / 121e12 = 992.4 ms; decode 10 steps of
+    # (15,009,326,848 + 8005 * 131,072) / 300e9 = 53.53 ms -> 535.3 ms < 992.4 ms.
     floors = compute_floors(LLAMA_8B, L4, Workload(8000, 10), EngineSettings())
     assert classify(floors)[0] == PROMPT_LENGTH_BOUND
 
 
 def test_classify_compute_bound_prefill():
-    # H100, 32 running: one prefill 2 * 8.03e9 * 2000 / 989e12 = 32.477 ms < decode of 100 steps
-    # of (16.06e9 + 32 * 2050 * 131,072 = 24,658,323,200 B) / 3.35e12 = 7.3607 ms = 736.1 ms;
-    # but 32 prefills = 1,039.3 ms of compute > 736.1 ms.
+    # H100, 32 running: one prefill 2 * 7,504,663,424 * 2000 / 989e12 = 30.35 ms < decode of
+    # 100 steps of (15,009,326,848 + 32 * 2050 * 131,072 = 23,607,650,048 B) / 3.35e12 =
+    # 7.0471 ms = 704.7 ms; but 32 prefills = 971.3 ms of compute > 704.7 ms.
     floors = compute_floors(LLAMA_8B, H100, Workload(2000, 100, concurrency=32), EngineSettings())
     assert floors.running_sequences == 32
-    assert floors.output_decode_ms == close(100 * 24_658_323_200 / 3.35e12 * 1e3)
+    assert floors.output_decode_ms == close(100 * 23_607_650_048 / 3.35e12 * 1e3)
     assert classify(floors)[0] == COMPUTE_BOUND_PREFILL
 
 
@@ -238,7 +260,7 @@ def test_speculative_expected_tokens():
 
 
 def test_speculative_decoding_pays_at_batch_1_when_memory_bound():
-    # Verifying 5 tokens: 5 * 2 * 8.03e9 / 121e12 = 0.66 ms << 53.5 ms of weight reads, so the
+    # Verifying 5 tokens: 5 * 2 * 7.50e9 / 121e12 = 0.62 ms << 53.5 ms of weight reads, so the
     # step costs the same and the gain is the 3.3616 expected tokens.
     techniques = TechniqueSettings(acceptance_rate=0.8, draft_tokens=4)
     speedup = speculative_speedup(LLAMA_8B, L4, 16.06e9, 131072, 1, 0, techniques)
@@ -295,3 +317,52 @@ def test_fp8_halves_the_prefill_compute_floor_where_awq_does_not():
 
 def test_a_gpu_without_8_bit_rates_keeps_its_16_bit_rate():
     assert TOY_GPU.for_quantization("fp8") == TOY_GPU
+
+
+# --- what a forward pass reads, and a probed CPU ------------------------------------------------
+
+
+def test_an_untied_input_table_is_held_but_neither_streamed_nor_multiplied():
+    # AWQ: 5,591,009,728 B held (above); less the 16-bit input table, 2 * 525,336,576 B:
+    # 4,540,336,576 B read a step.
+    assert LLAMA_8B.matmul_params == LLAMA_8B_MATMUL_PARAMS
+    assert streamed_weight_bytes(LLAMA_8B, "bf16") == close(LLAMA_8B_STREAMED_BF16)
+    assert streamed_weight_bytes(LLAMA_8B, "awq") == close(4_540_336_576)
+    # fp32 holds the table at 4 bytes a param: 32.12e9 - 4 * 525,336,576 = 30,018,653,696 B.
+    assert streamed_weight_bytes(LLAMA_8B, "fp32") == close(30_018_653_696)
+    # Tied (one matrix, the LM head's): all of it is multiplied and read.
+    qwen = MODELS["qwen2.5-0.5b"]
+    assert qwen.matmul_params == qwen.params
+    assert streamed_weight_bytes(qwen, "int8") == weight_bytes(qwen, "int8")
+
+
+def test_the_prepared_qwen_coder_1_5b_reads_0_58x_the_bytes_in_int8():
+    # 1,777,088,000 params, 2 * 151,936 * 1,536 = 466,747,392 of them embedding and LM head.
+    # bf16 read: (1,777,088,000 - 233,373,696) * 2 = 3,087,428,608 B; int8: the body at 1 B,
+    # (1,777,088,000 - 466,747,392) = 1,310,340,608 B, plus the 16-bit LM head 466,747,392 B
+    # = 1,777,088,000 B; 1,777,088,000 / 3,087,428,608 = 0.57558.
+    qwen = MODELS["qwen2.5-coder-1.5b"]
+    assert streamed_weight_bytes(qwen, "bf16") == close(3_087_428_608)
+    assert streamed_weight_bytes(qwen, "int8") == close(1_777_088_000)
+
+
+def test_a_probed_cpu_runs_each_kind_at_its_measured_rate():
+    cpu = device_from_probe(
+        {
+            "name": "a CPU",
+            "memory_bandwidth_gb_per_s": 20.0,
+            "bf16_tflops": 2.0,
+            "int8_tops": 4.0,
+            "fp32_tflops": 0.5,
+            "memory_gb": 24.0,
+        }
+    )
+
+    assert (cpu.name, cpu.memory_bandwidth_bytes_per_s, cpu.memory_bytes) == ("a CPU", 20e9, 24e9)
+    assert cpu.compute_peak("bf16") == cpu.compute_peak("awq") == 2e12
+    assert (cpu.compute_peak("int8"), cpu.compute_peak("fp32")) == (4e12, 0.5e12)
+    # No int8 or fp32 product measured: the bf16 rate, as for a GPU without 8-bit units.
+    bare = device_from_probe({"memory_bandwidth_gb_per_s": 20, "bf16_tflops": 2, "memory_gb": 8})
+    assert bare.compute_peak("int8") == bare.compute_peak("fp32") == 2e12
+    with pytest.raises(ValueError, match="bf16_tflops"):
+        device_from_probe({"memory_bandwidth_gb_per_s": 20.0, "memory_gb": 24.0})

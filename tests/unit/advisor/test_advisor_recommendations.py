@@ -33,16 +33,17 @@ def recommendation(recommendations: list[Recommendation], prefix: str) -> Recomm
 
 
 def test_weight_quantization_gain_is_the_step_bytes_ratio():
-    # Before: 16,204,179,200 B per step (see the L4 floors in test_advisor_floors.py).
-    # AWQ: 5,591,009,728 + 144,179,200 = 5,735,188,928 B -> x2.82539.
+    # Before: 15,153,506,048 B per step (see the L4 floors in test_advisor_floors.py).
+    # AWQ: 4,540,336,576 B read of the weights (the 16-bit input table is not) + 144,179,200
+    # = 4,684,515,776 B -> x3.23481.
     recs = recommend(LLAMA_8B, L4, Workload(1000, 200), EngineSettings(), TechniqueSettings())
     awq = recommendation(recs, "weight quantization to awq")
     assert awq.recommended
-    assert awq.speedup == close(16_204_179_200 / 5_735_188_928)
-    # fp8: 5,591,009,728 -> (8.03e9 - 1,050,673,152) * 1 + 2,101,346,304 = 9,080,673,152 B of
-    # weights + 144,179,200 = 9,224,852,352 B.
+    assert awq.speedup == close(15_153_506_048 / 4_684_515_776)
+    # fp8: (8.03e9 - 1,050,673,152) * 1 + 2,101,346,304 = 9,080,673,152 B held, less the
+    # input table's 1,050,673,152 = 8,030,000,000 B read + 144,179,200 = 8,174,179,200 B.
     fp8 = recommendation(recs, "weight quantization to fp8")
-    assert fp8.speedup == close(16_204_179_200 / 9_224_852_352)
+    assert fp8.speedup == close(15_153_506_048 / 8_174_179_200)
 
 
 def test_no_weight_quantization_when_already_4_bit():
@@ -54,8 +55,8 @@ def test_no_weight_quantization_when_already_4_bit():
 
 
 def test_prefix_caching_gain_is_the_prefill_saved():
-    # Uncached 1256 tokens: 2 * 8.03e9 * 1256 / 989e12 = 20.3957 ms; cached 256: 16.2386 ms.
-    # Ratio 1256 / 1000 = 1.256 (both compute-bound, above 4.79 ms of weight reads).
+    # Uncached 1256 tokens: 2 * 7,504,663,424 * 1256 / 989e12 = 19.0614 ms; cached 256:
+    # 15.1763 ms. Ratio 1256 / 1000 = 1.256 (both compute-bound, above 4.48 ms of weight reads).
     workload = Workload(1256, 10, cached_tokens=256)
     recs = recommend(LLAMA_8B, H100, workload, EngineSettings(), TechniqueSettings())
     rec = recommendation(recs, "prefix caching")
@@ -66,10 +67,11 @@ def test_prefix_caching_gain_is_the_prefill_saved():
 def test_prompt_compression_gain_counts_prefill_and_decode():
     # Batch time = prefill + output decode (one request at concurrency 1).
     # H100, 2000 -> 1000 prompt tokens, 100 output:
-    # before TTFT 32.47725 ms + 100 * (16.06e9 + 2050 * 131,072) / 3.35e12 = 487.42381 ms;
-    # after  TTFT 16.23862 ms + 100 * (16.06e9 + 1050 * 131,072) / 3.35e12 = 483.51121 ms.
-    before_ms = 2 * 8.03e9 * 2000 / 989e12 * 1e3 + 100 * (16.06e9 + 2050 * 131072) / 3.35e9
-    after_ms = 2 * 8.03e9 * 1000 / 989e12 * 1e3 + 100 * (16.06e9 + 1050 * 131072) / 3.35e9
+    # before TTFT 30.35253 ms + 100 * (15,009,326,848 + 2050 * 131,072) / 3.35e12 = 486.41 ms;
+    # after  TTFT 15.17627 ms + 100 * (15,009,326,848 + 1050 * 131,072) / 3.35e12 = 467.32 ms.
+    streamed, matmul = 15_009_326_848, 7_504_663_424
+    before_ms = 2 * matmul * 2000 / 989e12 * 1e3 + 100 * (streamed + 2050 * 131072) / 3.35e9
+    after_ms = 2 * matmul * 1000 / 989e12 * 1e3 + 100 * (streamed + 1050 * 131072) / 3.35e9
     recs = recommend(LLAMA_8B, H100, Workload(2000, 100), EngineSettings(), TechniqueSettings())
     rec = recommendation(recs, "prompt compression")
     assert rec.speedup == close(before_ms / after_ms)
