@@ -35,7 +35,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -159,6 +159,8 @@ def summary(records: Sequence[RequestRecord], readiness: ReadinessLog) -> dict:
         "ready_share": readiness.ready_share(),
         "failures": stats.failures(records),
         "codes": sorted({f"{r.status}:{r.error_code}" for r in records if not r.ok}),
+        # Every request as the client saw it, so that any figure above can be recomputed.
+        "records": [asdict(record) for record in records],
     }
 
 

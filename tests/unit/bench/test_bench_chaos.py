@@ -89,6 +89,9 @@ def test_summary_of_a_run():
         "503:overloaded",
         "None:None",
     ]
+    # Every request's record beside the summary, each field as the client saw it.
+    assert [r["index"] for r in result["records"]] == [r.index for r in records()]
+    assert result["records"][4]["status"] == 500 and "ttft_ms" in result["records"][0]
     json.dumps(result)  # written to docs/results as it is
 
 
