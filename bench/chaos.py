@@ -44,7 +44,7 @@ import httpx
 from app.config import parse_config
 from bench import stats
 from bench.client import READY_PATH, ready_replicas, warm_up
-from bench.labs import started_variant
+from bench.labs import machine, started_variant
 from bench.loadgen import RequestRecord, RequestSpec, make_client, run_load
 from bench.questions import DEFAULT_QUESTIONS as QUESTIONS
 from bench.tables import markdown_table
@@ -645,7 +645,7 @@ def _load(path: Path) -> tuple[Any, str]:
 
 def _machine() -> str:
     memory_gib = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") / 2**30
-    return f"{os.cpu_count()} cores, {memory_gib:.0f} GiB, CPU only"
+    return f"{machine()}, {memory_gib:.0f} GiB, CPU only"
 
 
 if __name__ == "__main__":
