@@ -66,13 +66,9 @@ class ChatTokens:
     def _message(self, message: dict[str, str], alone: bool = False) -> int:
         """A message's tokens: as the chat's first (`alone`), or after a system message."""
         key = parts_digest("1" if alone else "0", message["role"], message["content"])
-        tokens = self._messages.get(key)
-        if tokens is not None:
-            return tokens
+        return self._messages.get_or_put(key, lambda: self._counted(message, alone))
+
+    def _counted(self, message: dict[str, str], alone: bool) -> int:
         if alone:
-            tokens = self._tokenizer.count_chat([message], False)
-        else:
-            tokens = self._tokenizer.count_chat([*self._anchor, message], False)
-            tokens -= self._anchor_tokens
-        self._messages.put(key, tokens)
-        return tokens
+            return self._tokenizer.count_chat([message], False)
+        return self._tokenizer.count_chat([*self._anchor, message], False) - self._anchor_tokens

@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import threading
 from collections import OrderedDict
+from collections.abc import Callable
 from typing import Generic, TypeVar
 
 K = TypeVar("K")
@@ -49,3 +50,12 @@ class BoundedLru(Generic[K, V]):
             if value is not None:
                 self._entries.move_to_end(key)
             return value
+
+    def get_or_put(self, key: K, make: Callable[[], V]) -> V:
+        """The entry under `key`; where there is none, `make()`'s value, put under it (made
+        outside the lock: two threads may both make it, and either value is kept)."""
+        value = self.get(key)
+        if value is None:
+            value = make()
+            self.put(key, value)
+        return value

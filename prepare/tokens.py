@@ -60,9 +60,4 @@ class RememberedCounts:
         self._counts: BoundedLru[str, int] = BoundedLru(capacity)
 
     def __call__(self, text: str) -> int:
-        key = parts_digest(text)
-        tokens = self._counts.get(key)
-        if tokens is None:
-            tokens = self._count(text)
-            self._counts.put(key, tokens)
-        return tokens
+        return self._counts.get_or_put(parts_digest(text), lambda: self._count(text))

@@ -21,6 +21,19 @@ def test_the_least_recently_used_entry_goes_first() -> None:
         BoundedLru(0)
 
 
+def test_get_or_put_makes_a_missing_entry_once_and_keeps_it() -> None:
+    lru: BoundedLru[str, int] = BoundedLru(2)
+    made: list[str] = []
+
+    def make(key: str) -> int:
+        made.append(key)
+        return len(made)
+
+    assert lru.get_or_put("a", lambda: make("a")) == 1
+    assert lru.get_or_put("a", lambda: make("a")) == 1
+    assert made == ["a"] and lru.get("a") == 1
+
+
 def test_parts_are_length_prefixed_so_splits_do_not_collide() -> None:
     assert parts_digest("ab", "c") != parts_digest("a", "bc")
     assert parts_digest("ab", "c") == parts_digest("ab", "c")
