@@ -240,6 +240,18 @@ bench-quantization: setup models-quantized
 	done
 	$(QUANTIZATION) report
 
+# make run's reader, as shipped, against its INT8 checkpoint served in bf16 through the whole
+# service: four fresh services in ABBA order (bf16, int8, int8, bf16), 32 questions each,
+# then the paired speed ratios and answers (docs/quantization.md; about 35 minutes here).
+INT8_SERVICE = bench-results/int8-service
+bench-int8-service: setup models-quantized
+	$(BIN)/python -m bench.quality prepare
+	$(BIN)/python -m bench.suite --plan default-bf16 --out $(INT8_SERVICE)/bf16-1
+	$(BIN)/python -m bench.suite --plan default-int8 --out $(INT8_SERVICE)/int8-1
+	$(BIN)/python -m bench.suite --plan default-int8 --out $(INT8_SERVICE)/int8-2
+	$(BIN)/python -m bench.suite --plan default-bf16 --out $(INT8_SERVICE)/bf16-2
+	$(BIN)/python -m bench.quality_report abba $(INT8_SERVICE) bf16 int8
+
 # Quality lab, quick plan: SQuAD dev indexed once (about 4 minutes), 25 questions x 3 settings.
 eval-quick: setup
 	$(BIN)/python -m bench.quality prepare

@@ -4,6 +4,7 @@ prefix cache changed across fresh services, what a stronger reader changed.
     python -m bench.quality_report prefix bench-results/prefix     # make bench-prefix's runs
     python -m bench.quality_report readers STRONG.json WEAK.json [--points "none k=5" ...]
     python -m bench.quality_report run RESULT.json [--out REPORT.json]
+    python -m bench.quality_report abba FOLDER bf16 int8   # FOLDER/{bf16-1,int8-1,int8-2,bf16-2}
 
 A quality run (bench.quality) writes its own comparisons into its report: every point
 against `none` at the same k, paired by question (the questions both answered): the mean
@@ -133,29 +134,61 @@ def _load(path: Path) -> Any:
     return json.loads(path.read_text(encoding="utf-8"))
 
 
+def one_json(folder: Path) -> Path:
+    """The one quality run's JSON in a service's folder (bench.suite writes one a plan)."""
+    found = sorted(p for p in folder.glob("squad-*.json") if not p.name.endswith(".serve.json"))
+    if len(found) != 1:
+        raise SystemExit(f"{folder}: expected one squad-*.json, found {[p.name for p in found]}")
+    return found[0]
+
+
+def question_metric(doc: Mapping[str, Any], key: str) -> dict[str, float]:
+    """`key` (ttft_ms, tpot_ms) per question id of a one-point run's answered questions."""
+    return {
+        r["question_id"]: r[key]
+        for r in doc["results"]
+        if r.get("error") is None and r.get(key) is not None
+    }
+
+
 def question_ttfts(doc: Mapping[str, Any]) -> dict[str, float]:
     """TTFT per question id of a one-point run's answered questions."""
-    return {
-        r["question_id"]: r["ttft_ms"]
-        for r in doc["results"]
-        if r.get("error") is None and r.get("ttft_ms") is not None
+    return question_metric(doc, "ttft_ms")
+
+
+def abba_runs(a: str, b: str) -> tuple[str, str, str, str]:
+    """The four services' names in the order they run: a-1, b-1, b-2, a-2."""
+    return (f"{a}-1", f"{b}-1", f"{b}-2", f"{a}-2")
+
+
+def abba_ratios(
+    runs: Mapping[str, Mapping[str, float]], a: str, b: str
+) -> tuple[list[str], dict[str, Interval | None]]:
+    """The questions all four runs have, and b / a per question: each repetition's paired
+    ratio, and the ratio of the per-question means of the two runs a side (which cancels a
+    linear drift)."""
+    names = abba_runs(a, b)
+    shared = [q for q in runs[names[0]] if all(q in runs[n] for n in names)]
+
+    def mean_of(side: str) -> dict[str, float]:
+        return {q: (runs[f"{side}-1"][q] + runs[f"{side}-2"][q]) / 2 for q in shared}
+
+    mean_a, mean_b = mean_of(a), mean_of(b)
+    ratios = {
+        f"{b}-{i} / {a}-{i}": paired_ratio(
+            (runs[f"{b}-{i}"][q], runs[f"{a}-{i}"][q]) for q in shared
+        )
+        for i in (1, 2)
     }
+    ratios[f"{b} / {a} (mean of two runs a side)"] = paired_ratio(
+        (mean_b[q], mean_a[q]) for q in shared
+    )
+    return shared, ratios
 
 
 def prefix_report(runs: Mapping[str, Mapping[str, float]]) -> tuple[str, dict[str, Any]]:
-    """Each run's median TTFT, each repetition's paired ratio on / off, and the ratio of the
-    per-question means of the two runs a side (which cancels a linear drift)."""
-    shared = [q for q in runs["off-1"] if all(q in t for t in runs.values())]
-
-    def mean_of(*names: str) -> dict[str, float]:
-        return {q: sum(runs[n][q] for n in names) / len(names) for q in shared}
-
-    on, off = mean_of("on-1", "on-2"), mean_of("off-1", "off-2")
-    ratios = {
-        "on-1 / off-1": paired_ratio((runs["on-1"][q], runs["off-1"][q]) for q in shared),
-        "on-2 / off-2": paired_ratio((runs["on-2"][q], runs["off-2"][q]) for q in shared),
-        "on / off (mean of two runs a side)": paired_ratio((on[q], off[q]) for q in shared),
-    }
+    """Each run's median TTFT and the paired TTFT ratios on / off (abba_ratios)."""
+    shared, ratios = abba_ratios(runs, "off", "on")
     medians = {name: one_sample(t.values()) for name, t in runs.items()}
     text = "\n\n".join(
         [
@@ -174,6 +207,87 @@ def prefix_report(runs: Mapping[str, Mapping[str, float]]) -> tuple[str, dict[st
         "n": len(shared),
         "runs": {name: interval_dict(m) for name, m in medians.items()},
         "ratios": {name: interval_dict(r) for name, r in ratios.items()},
+    }
+    return text + "\n", data
+
+
+ABBA_SCORES = ("F1", "contains gold")
+
+
+def abba_report(
+    docs: Mapping[str, Mapping[str, Any]], a: str, b: str
+) -> tuple[str, dict[str, Any]]:
+    """Two settings over four fresh services in ABBA order (each a one-point quality run of
+    the same questions): each run's TTFT and TPOT medians, the paired ratios b / a of both,
+    and the answers: each side's mean score over its two runs, and b − a paired by question."""
+    speed: dict[str, dict[str, Any]] = {}
+    for metric, key in (("TTFT", "ttft_ms"), ("TPOT", "tpot_ms")):
+        runs = {name: question_metric(doc, key) for name, doc in docs.items()}
+        shared, ratios = abba_ratios(runs, a, b)
+        speed[metric] = {
+            "n": len(shared),
+            "runs": {name: one_sample(t.values()) for name, t in runs.items()},
+            "ratios": ratios,
+        }
+    answered = {name: next(iter(answered_by_point(doc["results"]).values()), {})
+                for name, doc in docs.items()}  # fmt: skip
+    names = abba_runs(a, b)
+    shared = [q for q in answered[names[0]] if all(q in answered[n] for n in names)]
+    answers: dict[str, dict[str, Any]] = {}
+    for score_name in ABBA_SCORES:
+        score = SCORES[score_name]
+
+        def side(name: str, q: str, score: Score = score) -> float | None:
+            values = [score(answered[f"{name}-{i}"][q]) for i in (1, 2)]
+            return None if None in values else sum(v for v in values if v is not None) / 2
+
+        answers[score_name] = {
+            a: one_sample([side(a, q) for q in shared], sample_mean),
+            b: one_sample([side(b, q) for q in shared], sample_mean),
+            "difference": paired_difference((side(b, q), side(a, q)) for q in shared),
+        }
+    same = sum(answered[f"{s}-1"][q].get("answer") == answered[f"{s}-2"][q].get("answer")
+               for s in (a, b) for q in shared)  # fmt: skip
+    speed_rows = [
+        [name, *(fmt_interval(speed[m]["runs"][name], 0) for m in speed)] for name in names
+    ]
+    ratio_rows = [[name, speed["TTFT"]["n"], fmt_ratio(speed["TTFT"]["ratios"][name]),
+                   fmt_ratio(speed["TPOT"]["ratios"][name])]
+                  for name in speed["TTFT"]["ratios"]]  # fmt: skip
+    answer_rows = [
+        [score_name, len(shared), fmt_interval(row[a]), fmt_interval(row[b]),
+         f"{fmt_interval(row['difference'])}: {difference_verdict(row['difference'])}"]
+        for score_name, row in answers.items()
+    ]  # fmt: skip
+    text = "\n\n".join(
+        [
+            "Per run, median ms [95% CI]:",
+            markdown_table(["run", "TTFT p50 ms", "TPOT p50 ms"], speed_rows),
+            "Paired by question, median per-question ratio:",
+            markdown_table(["ratio", "n", "TTFT", "TPOT"], ratio_rows),
+            f"Answers, each side the mean of its two runs; paired by question ({same} of "
+            f"{2 * len(shared)} answers word for word the same in a side's two runs):",
+            markdown_table(["score", "n", a, b, f"{b} − {a}"], answer_rows),
+        ]
+    )
+    data = {
+        "settings": {"a": a, "b": b},
+        "runs_in_order": list(names),
+        **{
+            metric: {
+                "n": s["n"],
+                "runs": {name: interval_dict(i) for name, i in s["runs"].items()},
+                "ratios": {name: interval_dict(i) for name, i in s["ratios"].items()},
+            }
+            for metric, s in speed.items()
+        },
+        "answers": {
+            "n": len(shared),
+            "same_in_both_runs": same,
+            **{
+                name: {k: interval_dict(i) for k, i in row.items()} for name, row in answers.items()
+            },
+        },
     }
     return text + "\n", data
 
@@ -233,6 +347,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     readers.add_argument("weaker", type=Path)
     readers.add_argument("--points", nargs="+", default=["none k=5"])
     readers.add_argument("--out", type=Path, help="also write the report's JSON here")
+    abba = commands.add_parser("abba", help="two settings over four services in ABBA order")
+    abba.add_argument("folder", type=Path, help="holds A-1/ B-1/ B-2/ A-2/, one run's JSON each")
+    abba.add_argument("a", help="the baseline's name (the folders' prefix)")
+    abba.add_argument("b", help="the other setting's name")
     run = commands.add_parser("run", help="one quality run's points, each with its intervals")
     run.add_argument("result", type=Path, help="a bench.quality run's JSON")
     run.add_argument("--out", type=Path, help="also write the report's JSON here")
@@ -243,6 +361,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         }
         text, data = prefix_report(runs)
         out = args.folder / "prefix.json"
+    elif args.command == "abba":
+        docs = {name: _load(one_json(args.folder / name)) for name in abba_runs(args.a, args.b)}
+        text, data = abba_report(docs, args.a, args.b)
+        out = args.folder / f"{args.b}-against-{args.a}.json"
     elif args.command == "run":
         text, data = run_report(_load(args.result))
         out = args.out

@@ -189,6 +189,24 @@ QUALITY_PLANS: dict[str, QualityPlan] = {
     "eval-default": QualityPlan(
         questions=200, sweep="default", max_tokens=128, answer_style="explained", as_shipped=True
     ),
+    # make run's reader as shipped against its INT8 checkpoint (make models-quantized) served
+    # in bf16, everything else as shipped: four fresh services in ABBA order (make
+    # bench-int8-service), the first 32 of eval-default's questions, paired in
+    # bench.quality_report abba.
+    "default-bf16": QualityPlan(
+        questions=32, sweep="default", max_tokens=128, answer_style="explained", as_shipped=True
+    ),
+    "default-int8": QualityPlan(
+        questions=32,
+        sweep="default",
+        max_tokens=128,
+        answer_style="explained",
+        as_shipped=True,
+        overrides={
+            **reader("qwen2.5-coder-1.5b-instruct-w8a8-rtn"),
+            "generator.engine_kwargs.dtype": "bfloat16",
+        },
+    ),
 }
 
 

@@ -64,6 +64,44 @@ def test_the_prefix_report_pairs_questions_and_averages_two_runs_a_side(tmp_path
     assert data["ratios"]["on-1 / off-1"]["high"] < 1
 
 
+def test_the_abba_report_pairs_four_services_and_scores_each_side_over_its_two_runs(
+    tmp_path: Path,
+):
+    # b is twice as fast at both phases and loses the gold on q0 in one of its two runs.
+    speeds = {"bf16-1": 1.0, "int8-1": 0.5, "int8-2": 0.5, "bf16-2": 1.0}
+    for run, scale in speeds.items():
+        folder = tmp_path / run
+        folder.mkdir()
+        results = [result("sentences@0.5 k=5", f"q{i}", 1.0, scale * (1000 + i)) for i in range(8)]
+        for r in results:
+            r["tpot_ms"], r["contains_gold"], r["answer"] = scale * 100, True, "gold"
+        if run == "int8-1":
+            results[0].update(f1=0.0, contains_gold=False, answer="other")
+        results.append(result("sentences@0.5 k=5", "q9", 1.0, 1.0, error="timeout"))
+        (folder / "squad-default-8q-as-shipped.json").write_text(json.dumps({"results": results}))
+        (folder / "squad.serve.yaml").write_text("not a result")
+
+    assert quality_report.main(["abba", str(tmp_path), "bf16", "int8"]) == 0
+
+    data = json.loads((tmp_path / "int8-against-bf16.json").read_text())
+    assert data["runs_in_order"] == ["bf16-1", "int8-1", "int8-2", "bf16-2"]
+    assert data["TTFT"]["n"] == 8  # q9 failed everywhere
+    both = "int8 / bf16 (mean of two runs a side)"
+    assert data["TTFT"]["ratios"][both]["estimate"] == pytest.approx(0.5)
+    assert data["TPOT"]["ratios"]["int8-2 / bf16-2"]["estimate"] == pytest.approx(0.5)
+    gold = data["answers"]["contains gold"]
+    assert gold["int8"]["estimate"] == pytest.approx(1 - 0.5 / 8)
+    assert gold["difference"]["estimate"] == pytest.approx(-0.5 / 8)
+    assert data["answers"]["same_in_both_runs"] == 15
+
+
+def test_the_abba_report_refuses_a_folder_without_exactly_one_run(tmp_path: Path):
+    for run in ("a-1", "b-1", "b-2", "a-2"):
+        (tmp_path / run).mkdir()
+    with pytest.raises(SystemExit, match="expected one"):
+        quality_report.main(["abba", str(tmp_path), "a", "b"])
+
+
 def test_the_reader_report_compares_f1_on_shared_questions():
     stronger = {"results": [result("none k=5", f"q{i}", 1.0, 1.0) for i in range(8)]}
     weaker = {"results": [result("none k=5", f"q{i}", 0.0, 1.0) for i in range(4)]}
