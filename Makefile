@@ -19,7 +19,7 @@ export RAY_USAGE_STATS_ENABLED := 0
 # Serve's proxy checks the API key before it reads a body (app/proxy_guard.py).
 export RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH := deployments.proxy_callback.middlewares
 
-.PHONY: setup install models models-qwen models-qwen15 models-quantized bench-quantization index browser prometheus monitor dashboard kuberay-manifest advise gpu-costs gpu-smoke gpu-lock-check run test lint unit integration reliability chaos bench bench-reuse bench-prefix bench-quick eval eval-quick eval-default stop clean
+.PHONY: setup install models models-qwen models-qwen15 models-quantized bench-quantization index browser prometheus monitor dashboard kuberay-manifest advise gpu-costs gpu-smoke gpu-lock-check run test lint unit integration reliability chaos bench bench-reuse bench-prefix bench-int8-service bench-quick eval eval-quick eval-default stop clean
 
 setup: install models index
 
