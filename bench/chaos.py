@@ -48,10 +48,12 @@ from bench.labs import machine, started_variant
 from bench.loadgen import RequestRecord, RequestSpec, make_client, run_load
 from bench.questions import DEFAULT_QUESTIONS as QUESTIONS
 from bench.tables import markdown_table
+from generation.checkpoints import FASTEST
+from generation.dtype import cpu_flags, fastest_dtype
 from harness import processes
 from harness.cluster import NodeSpec, local_cluster
 from harness.service import ROOT, free_port
-from harness.variant import first_application, write_variant
+from harness.variant import apply_overrides, first_application, write_variant
 
 SCENARIOS = ("overload", "overload-paced", "replica-kill", "node-loss", "fuzz")
 MAX_TOKENS = 32
@@ -204,6 +206,38 @@ PACED_LIKE_VLLM = {
     "generator.paced.tpot_ms": 30.0,
     "compression.llmlingua.enabled": False,
 }
+
+
+# The config each scenario serves (its file in the tree and the overrides it applies), so
+# that every result names the reader it was measured with.
+SCENARIO_CONFIGS: dict[str, tuple[str, dict[str, Any]]] = {
+    "overload": ("serve_config.yaml", {}),
+    "overload-paced": ("serve_config.yaml", PACED_LIKE_VLLM),
+    "replica-kill": ("serve_config.scale.yaml", {}),
+    "node-loss": ("serve_config.multinode.yaml", {}),
+    "fuzz": ("serve_config.yaml", {}),
+}
+
+
+def reader_of(args: dict[str, Any], flags: frozenset[str] | None) -> str:
+    """The generator a config's application args serve: its model and dtype, with what
+    `fastest` means on a CPU with `flags` (None: not resolved)."""
+    generator = parse_config(args).generator
+    if generator.engine == "paced":
+        return "the null engine at vLLM's pace (no model)"
+    if generator.engine == "openai":
+        return f"{generator.model_id} on an external OpenAI-compatible server"
+    dtype = generator.engine_kwargs.get("dtype", "auto")
+    if dtype == FASTEST and flags is not None:
+        dtype = f"{dtype}: {fastest_dtype(generator.model_source, flags, has_gpu=False)} here"
+    return f"{generator.model_id} (vLLM, dtype {dtype})"
+
+
+def scenario_reader(name: str, flags: frozenset[str] | None) -> str:
+    """reader_of the config scenario `name` serves, as the tree holds it now."""
+    file, overrides = SCENARIO_CONFIGS[name]
+    args = first_application(ROOT / file)[1].get("args") or {}
+    return reader_of(apply_overrides(args, overrides), flags)
 
 
 def run_overload(work: Path, seed: int, overrides: dict | None = None, label: str = "") -> dict:
@@ -408,19 +442,24 @@ def markdown(
         f"within {CLIENT_TIMEOUT_S:.0f} s.",
         "",
     ]
-    if "overload" in results:
-        out += _overload_section(results["overload"])
-    if "overload-paced" in results:
-        out += _overload_section(results["overload-paced"])
-    if "replica-kill" in results:
-        out += _kill_section(results["replica-kill"])
-    if "node-loss" in results:
-        out += _node_section(results["node-loss"])
+    readers = results.get("readers", {})
+    sections: list[tuple[str, Callable[[Any], list[str]]]] = [
+        ("overload", _overload_section),
+        ("overload-paced", _overload_section),
+        ("replica-kill", _kill_section),
+        ("node-loss", _node_section),
+    ]
+    for name, section in sections:
+        if name in results:
+            title, *rest = section(results[name])
+            out += [title, "", _reader_line(readers.get(name)), *rest]
     out += LIMITS
     if "fuzz" in results:
         fuzz = results["fuzz"]
         out += [
             "## Fuzzing every route (schemathesis)",
+            "",
+            _reader_line(readers.get("fuzz")),
             "",
             f"`st run /openapi.json --checks not_a_server_error --max-examples "
             f"{fuzz['examples_per_operation']}` against the CPU default (max_tokens capped at "
@@ -453,6 +492,10 @@ LIMITS = [
     "profile switched to the default router).",
     "",
 ]
+
+
+def _reader_line(reader: str | None) -> str:
+    return f"Reader: {reader or 'not recorded'}."
 
 
 def _earlier(earlier: dict[str, str]) -> str:
@@ -610,12 +653,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "machine": _machine(),
     }
+    readers: dict[str, str] = {}
     for name in args.scenarios:
         print(f"== {name}", flush=True)
         started = time.perf_counter()
         results[name] = runners[name](args.work, args.seed)
         print(f"   {time.perf_counter() - started:.0f} s", flush=True)
-        record = {"measured": results["date"], "result": results[name]}
+        readers[name] = scenario_reader(name, cpu_flags())
+        record = {"measured": results["date"], "reader": readers[name], "result": results[name]}
         (args.results / f"{name}.json").write_text(json.dumps(record, indent=2))
     # Scenarios not run this time keep their last measured results in the report.
     earlier = {
@@ -623,8 +668,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         for name in SCENARIOS
         if name not in args.scenarios and (args.results / f"{name}.json").exists()
     }
-    results |= {name: result for name, (result, _) in earlier.items()}
-    results["earlier"] = {name: measured for name, (_, measured) in earlier.items()}
+    results |= {name: result for name, (result, _, _) in earlier.items()}
+    results["earlier"] = {name: measured for name, (_, measured, _) in earlier.items()}
+    for name, (_, _, reader) in earlier.items():
+        readers[name] = reader or (
+            f"{scenario_reader(name, None)}; not recorded by that run: read from "
+            f"{SCENARIO_CONFIGS[name][0]} as the tree holds it now"
+        )
+    results["readers"] = readers
     command = "python -m bench.chaos " + " ".join(argv or sys.argv[1:])
     records = args.results.resolve()
     shown = records.relative_to(ROOT) if records.is_relative_to(ROOT) else records
@@ -633,14 +684,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
-def _load(path: Path) -> tuple[Any, str]:
-    """A scenario's saved result and when it was measured (older files hold the result
-    alone: their modification time stands in)."""
+def _load(path: Path) -> tuple[Any, str, str | None]:
+    """A scenario's saved result, when it was measured and the reader it served (older
+    files hold the result alone: their modification time stands in; or no reader)."""
     record = json.loads(path.read_text())
     if isinstance(record, dict) and "measured" in record and "result" in record:
-        return record["result"], record["measured"]
+        return record["result"], record["measured"], record.get("reader")
     modified = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(path.stat().st_mtime))
-    return record, modified
+    return record, modified, None
 
 
 def _machine() -> str:

@@ -425,3 +425,55 @@ def test_the_report_names_the_folder_its_records_were_saved_to():
 
     assert "Raw records are in docs/results/reliability-passage-router/." in text
     assert "Raw records are in docs/results/reliability/." in chaos.markdown(results(), "cmd")
+
+
+def test_each_section_names_the_reader_it_was_measured_with():
+    readers = {name: f"reader of {name}" for name in chaos.SCENARIOS}
+    text = chaos.markdown(results() | {"readers": readers}, "cmd")
+
+    lines = text.splitlines()
+    for heading, name in [
+        ("## Overload at 10x capacity", "overload"),
+        ("## kill -9 of one replica of each stage, and of one vLLM engine", "replica-kill"),
+        ("## Losing a node", "node-loss"),
+        ("## Fuzzing every route (schemathesis)", "fuzz"),
+    ]:
+        assert lines[lines.index(heading) + 2] == f"Reader: reader of {name}."
+
+
+def test_a_config_names_its_model_and_what_fastest_means_on_the_cpu():
+    args = {"generator": {"model_id": "m", "model_source": "/nowhere/m",
+                          "engine_kwargs": {"dtype": "fastest"}}}  # fmt: skip
+    assert chaos.reader_of(args, frozenset({"avx512_bf16"})) == (
+        "m (vLLM, dtype fastest: bfloat16 here)"
+    )
+    assert chaos.reader_of(args, frozenset({"avx2"})) == "m (vLLM, dtype fastest: float32 here)"
+    assert chaos.reader_of(args, None) == "m (vLLM, dtype fastest)"
+    paced = {"generator": {"engine": "paced"}, "compression": {"llmlingua": {"enabled": False}}}
+    assert chaos.reader_of(paced, None) == "the null engine at vLLM's pace (no model)"
+
+
+def test_a_rendered_report_takes_each_reader_from_its_record_or_says_it_was_not_recorded(
+    tmp_path,
+):
+    saved = tmp_path / "results"
+    saved.mkdir()
+    fuzz = results()["fuzz"]
+    (saved / "fuzz.json").write_text(
+        json.dumps({"measured": "then", "reader": "the run's own reader", "result": fuzz})
+    )
+    overload = results()["overload"]
+    (saved / "overload.json").write_text(json.dumps({"measured": "before", "result": overload}))
+    out = tmp_path / "reliability.md"
+
+    argv = ["--render-only", "--out", str(out), "--results", str(saved)]
+    assert chaos.main([*argv, "--work", str(tmp_path / "work")]) == 0
+
+    text = out.read_text()
+    assert "Reader: the run's own reader." in text
+    from_tree = chaos.scenario_reader("overload", None)  # serve_config.yaml's, as now
+    assert from_tree.endswith("(vLLM, dtype fastest)")
+    assert (
+        f"Reader: {from_tree}; not recorded by that run: read from serve_config.yaml as the "
+        "tree holds it now." in text
+    )
