@@ -27,33 +27,21 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+from generation.cpuinfo import read_cpuinfo
+
 GB = 1e9
 TFLOPS = 1e12
 
 
 def cpu_name() -> str:
     """The CPU's model name and the threads this process may use."""
-    name = platform.processor() or "CPU"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                name = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
+    name = read_cpuinfo().model or platform.processor() or "CPU"
     return f"{name}, {len(os.sched_getaffinity(0))} threads"
 
 
 def matrix_units() -> list[str]:
     """The CPU flags that decide the matrix rates: AVX-512 bf16/VNNI and AMX."""
-    try:
-        flags = next(
-            line.split(":", 1)[1].split()
-            for line in Path("/proc/cpuinfo").read_text().splitlines()
-            if line.startswith("flags")
-        )
-    except (OSError, StopIteration):
-        return []
+    flags = read_cpuinfo().flags
     wanted = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_bf16", "amx_int8", "amx_tile")
     return [flag for flag in wanted if flag in flags]
 

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.client import warm_up
+from generation.cpuinfo import read_cpuinfo
 from harness.service import ROOT, RunningService, free_port, started_service
 from harness.variant import write_variant
 
@@ -166,14 +167,8 @@ def utc_now() -> str:
 def cpu_info() -> tuple[str, set[str], int]:
     """The CPU's model name, its flags and its logical cores, from /proc/cpuinfo (an
     unknown model, no flags and no cores where it cannot be read)."""
-    try:
-        lines = Path("/proc/cpuinfo").read_text().splitlines()
-    except OSError:
-        lines = []
-    fields = [(key.strip(), value.strip()) for key, _, value in (x.partition(":") for x in lines)]
-    model = next((value for key, value in fields if key == "model name"), "unknown CPU")
-    flags = next((set(value.split()) for key, value in fields if key == "flags"), set())
-    return model, flags, sum(key == "processor" for key, _ in fields)
+    info = read_cpuinfo()
+    return info.model or "unknown CPU", set(info.flags), info.logical_cores
 
 
 def machine() -> str:

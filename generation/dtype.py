@@ -18,21 +18,14 @@ from pathlib import Path
 from typing import Any
 
 from generation.checkpoints import FASTEST, half_activation_bits
+from generation.cpuinfo import CPUINFO, read_cpuinfo
 
 NATIVE_BF16_FLAGS = frozenset({"avx512_bf16", "amx_bf16"})
 
 
-def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> frozenset[str]:
+def cpu_flags(cpuinfo: Path = CPUINFO) -> frozenset[str]:
     """The instruction-set flags of this machine's first CPU (Linux); empty elsewhere."""
-    try:
-        text = cpuinfo.read_text(encoding="utf-8", errors="replace")
-    except OSError:
-        return frozenset()
-    for line in text.splitlines():
-        name, _, value = line.partition(":")
-        if name.strip() in ("flags", "Features"):
-            return frozenset(value.split())
-    return frozenset()
+    return read_cpuinfo(cpuinfo).flags
 
 
 def fastest_dtype(model_source: str, flags: Iterable[str], has_gpu: bool) -> str:
