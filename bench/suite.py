@@ -191,8 +191,8 @@ QUALITY_PLANS: dict[str, QualityPlan] = {
     ),
     # make run's reader as shipped against its INT8 checkpoint (make models-quantized) served
     # in bf16, everything else as shipped: four fresh services in ABBA order (make
-    # bench-int8-service), the first 32 of eval-default's questions, paired in
-    # bench.quality_report abba.
+    # bench-int8-service), 32 random questions (seed 0) of the SQuAD sample, the same in all
+    # four, paired in bench.quality_report abba.
     "default-bf16": QualityPlan(
         questions=32, sweep="default", max_tokens=128, answer_style="explained", as_shipped=True
     ),
