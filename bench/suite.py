@@ -15,11 +15,11 @@ from __future__ import annotations
 import argparse
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from bench import latency, quality
-from bench.labs import SMOLLM2_GENERATOR, reader, variant_service
+from bench.labs import SMOLLM2_GENERATOR, positive_int, reader, variant_service
 from bench.plots import write_plots
 from harness.service import ROOT
 
@@ -196,6 +196,17 @@ QUALITY_PLANS: dict[str, QualityPlan] = {
     "default-bf16": QualityPlan(
         questions=32, sweep="default", max_tokens=128, answer_style="explained", as_shipped=True
     ),
+    # make run as shipped with its engine's OpenMP threads on both cores (vLLM's default
+    # binding keeps one thread and leaves the other core to the rest), one question at a time:
+    # against default-bf16 in ABBA order, 16 questions each (--questions 16).
+    "default-both-cores": QualityPlan(
+        questions=32,
+        sweep="default",
+        max_tokens=128,
+        answer_style="explained",
+        as_shipped=True,
+        overrides={"generator.cpu_binding": ["0-1"]},
+    ),
     "default-int8": QualityPlan(
         questions=32,
         sweep="default",
@@ -267,10 +278,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--plan", choices=sorted(PLANS) + sorted(QUALITY_PLANS), default="quick")
     parser.add_argument("--out", type=Path, default=Path("bench-results/quick"))
     parser.add_argument("--base-config", type=Path, default=ROOT / "serve_config.yaml")
+    parser.add_argument(
+        "--questions", type=positive_int, help="a quality plan's questions, in place of its own"
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     if args.plan in QUALITY_PLANS:
-        summary = run_quality(QUALITY_PLANS[args.plan], args.out, args.base_config)
+        plan = QUALITY_PLANS[args.plan]
+        if args.questions:
+            plan = replace(plan, questions=args.questions)
+        summary = run_quality(plan, args.out, args.base_config)
     else:
         summary = run_plan(PLANS[args.plan], args.out, args.base_config)
     print(summary.read_text())

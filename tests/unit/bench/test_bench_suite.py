@@ -55,3 +55,35 @@ def test_plans_keep_the_reader_their_figures_were_measured_with():
     default = QUALITY_PLANS["eval-default"]
     assert default.as_shipped
     assert service_overrides(dict(default.overrides), default.as_shipped) == {}
+
+
+@pytest.mark.parametrize("name", sorted(QUALITY_PLANS))
+def test_every_quality_plan_is_a_valid_serve_config(name, tmp_path):
+    from bench.suite import service_overrides
+
+    plan = QUALITY_PLANS[name]
+    overrides = {"retriever.index_path": plan.index_path, **plan.overrides}
+    write_variant(
+        ROOT / "serve_config.yaml",
+        service_overrides(overrides, plan.as_shipped),
+        tmp_path / "v.yaml",
+    )
+
+
+def test_questions_on_the_command_line_replace_a_quality_plan_s_own(monkeypatch, tmp_path):
+    from bench import suite
+
+    ran = []
+    (tmp_path / "x").write_text("report")
+    monkeypatch.setattr(
+        suite, "run_quality", lambda plan, out, base: ran.append(plan) or tmp_path / "x"
+    )
+
+    assert (
+        suite.main(["--plan", "default-both-cores", "--questions", "16", "--out", str(tmp_path)])
+        == 0
+    )
+
+    assert ran[0].questions == 16
+    assert ran[0].overrides == {"generator.cpu_binding": ["0-1"]}
+    assert QUALITY_PLANS["default-both-cores"].questions == 32  # the plan itself is unchanged
