@@ -151,25 +151,14 @@ def warm_up(
 
 
 async def burst(
-    url: str,
-    count: int,
-    timeout_s: float,
-    send: Callable[[httpx.AsyncClient, int], Awaitable[T]],
-    open_with: str | None = None,
+    url: str, count: int, timeout_s: float, send: Callable[[httpx.AsyncClient, int], Awaitable[T]]
 ) -> list[T]:
     """`send(client, i)` for i in range(count), all at once, on one client that opens a
-    connection per request and keeps none alive, as `count` separate clients would.
-
-    `open_with` (a path): first GET it `count` times at once and keep those connections
-    open, so the burst goes out on connections already made, as from clients with a pool."""
-    keep = count if open_with else 0
-    limits = httpx.Limits(max_connections=count, max_keepalive_connections=keep,
-                          keepalive_expiry=60.0)  # fmt: skip
+    connection per request and keeps none alive, as `count` separate clients would."""
+    limits = httpx.Limits(max_connections=count, max_keepalive_connections=0)
     async with httpx.AsyncClient(
         base_url=url, timeout=timeout_s, limits=limits, trust_env=False
     ) as client:
-        if open_with:  # any answer leaves its connection open for the burst
-            await asyncio.gather(*(client.get(open_with) for _ in range(count)))
         return list(await asyncio.gather(*(send(client, i) for i in range(count))))
 
 

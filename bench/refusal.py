@@ -2,7 +2,6 @@
 admission limit, timed at the client from send to the response's headers.
 
     python -m bench.refusal --out docs/results/refusal [--requests 150] [--without-key]
-        [--open-connections]
         [--env RAY_SERVE_ENABLE_DIRECT_INGRESS=1 --env RAY_SERVE_ENABLE_HA_PROXY=1]
 
 Starts serve_config.yaml as shipped (keys required; only the port changed; `--env` adds
@@ -16,11 +15,6 @@ time to refuse (p50, p99 with 95% bootstrap intervals) and the statuses.
 `--without-key` sends the same burst with no key: every query is refused 401 by the key
 check in Serve's proxy before any routing (app.proxy_guard), so its times are the floor of
 a refusal through the proxy at this concurrency, on this machine, with this client.
-
-`--open-connections` opens the burst's connections first (GET /-/healthz on each, which
-Serve's proxy answers itself; kept alive), as clients with a connection pool would have them: the time to refuse is then
-from a request on an open connection, without the TCP connect of 150 clients at once from
-one process on the machine the service shares.
 
 The goal it checks (issue 29): p99 time-to-refuse <= 100 ms at 150 concurrent requests,
 and no response >= 500 other than 503.
@@ -45,10 +39,6 @@ from bench.stats import fmt_interval, interval_dict, one_sample, quantile
 from bench.tables import markdown_table
 
 QUESTION = "How does prefix caching lower the time to first token?"
-# What --open-connections asks on each connection first: Serve's proxy answers it itself,
-# so opening 150 connections takes no place in the ingress (its /healthz, asked 150 times at
-# once, answered some with a 503 in a first try).
-HEALTH_PATH = "/-/healthz"
 
 
 # The client's timeline of a request (httpcore's trace events): when it started, its
@@ -111,20 +101,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--requests", type=int, default=150)
     parser.add_argument("--env", action="append", default=[], help="KEY=VALUE for serve run")
     parser.add_argument("--without-key", action="store_true", help="The burst sends no key.")
-    parser.add_argument(
-        "--open-connections", action="store_true",
-        help="Open every connection first (GET /-/healthz), as clients with a pool would.",
-    )  # fmt: skip
     args = parser.parse_args(argv)
-    stem = "refusal-without-key" if args.without_key else "refusal"
-    name = run_name(stem + ("-open-connections" if args.open_connections else ""), args.env)
+    name = run_name("refusal-without-key" if args.without_key else "refusal", args.env)
     with keyed_service(args.out, name, args.env) as (service, key):
         warm_up(service.base_url, (QUESTION,), api_key=key)  # kernel warm-up: not timed
         started = time.perf_counter()
         sent_key = None if args.without_key else key
-        open_with = HEALTH_PATH if args.open_connections else None
-        queries = burst(service.base_url, args.requests, 300, lambda c, _: _query(c, sent_key),
-                        open_with)  # fmt: skip
+        queries = burst(service.base_url, args.requests, 300, lambda c, _: _query(c, sent_key))
         outcomes = asyncio.run(queries)
         burst_s = time.perf_counter() - started
     for outcome in outcomes:  # the timeline in ms since the burst began
@@ -142,14 +125,10 @@ def main(argv: list[str] | None = None) -> int:
     document = {
         "command": f"python -m bench.refusal --out {args.out} --requests {args.requests}"
         + (" --without-key" if args.without_key else "")
-        + (" --open-connections" if args.open_connections else "")
         + "".join(f" --env {v}" for v in args.env),
         "cpu": machine(),
         "measured_at": utc_now(),
         "requests": args.requests,
-        "connections": "on connections opened before"
-        if args.open_connections
-        else "each on a new connection",
         "burst_s": burst_s,
         "statuses": dict(statuses),
         "refused_ms_p50": interval_dict(p50),
@@ -161,8 +140,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     report = (
         f"{args.requests} concurrent queries {'without a' if args.without_key else 'with a valid'}"
-        f" key, {document['connections']},"
-        f" {burst_s:.1f} s until the last answer, {document['cpu']}. Time to a "
+        f" key, {burst_s:.1f} s until the last answer, {document['cpu']}. Time to a "
         f"{refusal}'s headers at the client: p50 "
         f"{fmt_interval(p50, 0)} ms, p99 {fmt_interval(p99, 0)} ms.\n\n{table}\n\n"
         f"{timeline_table([o for o in outcomes if o['status'] == refusal])}\n"

@@ -86,46 +86,6 @@ def test_a_burst_sends_every_request_and_answers_in_their_order(serve):
     assert server.posts == 5
 
 
-def test_a_burst_can_go_out_on_connections_opened_before_it():
-    ports: dict[str, list[int]] = {"GET": [], "POST": []}
-
-    class Handler(http.server.BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"  # keeps connections alive
-
-        def _answer(self, method: str) -> None:
-            self.rfile.read(int(self.headers.get("content-length") or 0))
-            ports[method].append(self.client_address[1])
-            self.send_response(200 if method == "GET" else 503)
-            self.send_header("content-length", "2")
-            self.end_headers()
-            self.wfile.write(b"{}")
-
-        def do_GET(self) -> None:
-            self._answer("GET")
-
-        def do_POST(self) -> None:
-            self._answer("POST")
-
-        def log_message(self, *args) -> None:
-            pass
-
-    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    httpd.daemon_threads = True
-    threading.Thread(target=httpd.serve_forever, daemon=True).start()
-
-    async def send(client: httpx.AsyncClient, i: int) -> int:
-        return (await client.post("/v1/rag/query", json={"question": str(i)})).status_code
-
-    url = f"http://127.0.0.1:{httpd.server_address[1]}"
-    try:
-        assert asyncio.run(burst(url, 5, 10, send, open_with="/healthz")) == [503] * 5
-    finally:
-        httpd.shutdown()
-        httpd.server_close()
-    assert len(set(ports["GET"])) == 5  # one connection a request, opened first
-    assert sorted(ports["POST"]) == sorted(ports["GET"])  # and the burst reused them
-
-
 def test_ready_replicas_reads_the_counts_and_nothing_else():
     def answer(body: object) -> httpx.Response:
         return httpx.Response(200, json=body)
