@@ -260,7 +260,7 @@ bench-quantization: setup models-quantized
 # service: four fresh services in ABBA order (bf16, int8, int8, bf16), 32 questions each,
 # then the paired speed ratios and answers (docs/quantization.md; about 35 minutes here).
 INT8_SERVICE = bench-results/int8-service
-bench-int8-service: setup models-quantized
+bench-int8-service: setup models-int8
 	$(BIN)/python -m bench.quality prepare
 	$(BIN)/python -m bench.suite --plan default-bf16 --out $(INT8_SERVICE)/bf16-1
 	$(BIN)/python -m bench.suite --plan default-int8 --out $(INT8_SERVICE)/int8-1
