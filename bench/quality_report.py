@@ -136,7 +136,7 @@ def _load(path: Path) -> Any:
 
 def one_json(folder: Path) -> Path:
     """The one quality run's JSON in a service's folder (bench.suite writes one a plan)."""
-    found = sorted(p for p in folder.glob("squad-*.json") if not p.name.endswith(".serve.json"))
+    found = sorted(folder.glob("squad-*.json"))  # its config is squad.serve.yaml
     if len(found) != 1:
         raise SystemExit(f"{folder}: expected one squad-*.json, found {[p.name for p in found]}")
     return found[0]
