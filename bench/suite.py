@@ -155,6 +155,19 @@ def reader_headline(generator: dict[str, object]) -> QualityPlan:
     )
 
 
+def as_shipped(questions: int, overrides: dict[str, object] | None = None) -> QualityPlan:
+    """`make run` as served (serve_config.yaml's reader, dtype, style, compression and its
+    128-token answers) over `questions` random questions, with `overrides` on top."""
+    return QualityPlan(
+        questions=questions,
+        sweep="default",
+        max_tokens=128,
+        answer_style="explained",
+        as_shipped=True,
+        overrides=dict(overrides or {}),
+    )
+
+
 QUALITY_PLANS: dict[str, QualityPlan] = {
     # 25 questions x 3 settings: ~15 s a question here, 50 would take ~15 minutes.
     "eval-quick": QualityPlan(questions=25, sweep="quick", max_tokens=16),
@@ -186,38 +199,23 @@ QUALITY_PLANS: dict[str, QualityPlan] = {
     # What `make run` serves, as shipped: its reader and dtype, the explained style, its
     # compression (sentences at 0.5, which `auto` always applies) at top-5 and its 128-token
     # answers, one request at a time on the default CPU binding. 200 random questions.
-    "eval-default": QualityPlan(
-        questions=200, sweep="default", max_tokens=128, answer_style="explained", as_shipped=True
-    ),
-    # make run's reader as shipped against its INT8 checkpoint (make models-quantized) served
-    # in bf16, everything else as shipped: four fresh services in ABBA order (make
+    "eval-default": as_shipped(200),
+    # make run's reader as shipped against its INT8 checkpoint (make models-int8) served in
+    # bf16, everything else as shipped: four fresh services in ABBA order (make
     # bench-int8-service), 32 random questions (seed 0) of the SQuAD sample, the same in all
     # four, paired in bench.quality_report abba.
-    "default-bf16": QualityPlan(
-        questions=32, sweep="default", max_tokens=128, answer_style="explained", as_shipped=True
-    ),
-    # make run as shipped with its engine's OpenMP threads on both cores (vLLM's default
-    # binding keeps one thread and leaves the other core to the rest), one question at a time:
-    # against default-bf16 in ABBA order, 16 questions each (--questions 16).
-    "default-both-cores": QualityPlan(
-        questions=32,
-        sweep="default",
-        max_tokens=128,
-        answer_style="explained",
-        as_shipped=True,
-        overrides={"generator.cpu_binding": ["0-1"]},
-    ),
-    "default-int8": QualityPlan(
-        questions=32,
-        sweep="default",
-        max_tokens=128,
-        answer_style="explained",
-        as_shipped=True,
-        overrides={
+    "default-bf16": as_shipped(32),
+    "default-int8": as_shipped(
+        32,
+        {
             **reader("qwen2.5-coder-1.5b-instruct-w8a8-rtn"),
             "generator.engine_kwargs.dtype": "bfloat16",
         },
     ),
+    # make run as shipped with its engine's OpenMP threads on both cores (vLLM's default
+    # binding keeps one thread and leaves the other core to the rest), one question at a time:
+    # against default-bf16 in ABBA order, 16 questions each (--questions 16).
+    "default-both-cores": as_shipped(32, {"generator.cpu_binding": ["0-1"]}),
 }
 
 
