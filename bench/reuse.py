@@ -15,7 +15,9 @@ reader the stored figures were read by (bench.suite.MEASURED_WITH, SmolLM2 in fp
 - today: the service's defaults (sentence selection, the `auto` policy);
 - reuse: the same, with `compression.reuse` on (prepare.reuse);
 - reuse-repeat: reuse whose continued follow-ups send this turn's passages as compressed,
-  even the sentences earlier turns showed (`compression.reuse.repeat_shown`).
+  even the sentences earlier turns showed (`compression.reuse.skip_shown_turns: 0`);
+- reuse-last1: reuse whose continued follow-ups leave out only what the turn before showed
+  (`compression.reuse.skip_shown_turns: 1`).
 `today` and `reuse` run twice, in the order today, reuse, reuse, today, so drift over the
 run falls on both; naive once, last. Every request's record is stored; the report pairs
 requests across settings (same questions in the same order) and gives the median
@@ -115,8 +117,11 @@ SETTINGS = {
     "today": Setting("today", {}, None, False),
     "reuse": Setting("reuse", {}, None, True),
     # Conversations continued, this turn's passages sent as compressed even where earlier
-    # turns showed them (compression.reuse.repeat_shown).
-    "reuse-repeat": Setting("reuse-repeat", {"compression.reuse.repeat_shown": True}, None, True),
+    # turns showed them (compression.reuse.skip_shown_turns: 0).
+    "reuse-repeat": Setting("reuse-repeat", {"compression.reuse.skip_shown_turns": 0}, None, True),
+    # Conversations continued, leaving out only what the previous turn showed: what older
+    # turns showed goes again, beside the question (compression.reuse.skip_shown_turns: 1).
+    "reuse-last1": Setting("reuse-last1", {"compression.reuse.skip_shown_turns": 1}, None, True),
     # vLLM's CPU KV block: prefix caching reuses full blocks only, so a shared passage loses
     # the partial block at its end (on average half a block).
     "today-b128": Setting("today-b128", {"generator.engine_kwargs.block_size": 128}, None, False),
@@ -136,6 +141,8 @@ COMPARISONS = (
     ("reuse", "today"),
     ("reuse-repeat", "today"),
     ("reuse-repeat", "reuse"),
+    ("reuse-last1", "today"),
+    ("reuse-last1", "reuse"),
     ("reuse", "naive"),
     ("today", "naive"),
     ("today-b32", "today-b128"),

@@ -81,7 +81,7 @@ class CompressorDeployment:
                 if compression.reuse.remembered_turns
                 else None
             ),
-            repeat_shown=compression.reuse.repeat_shown,
+            skip_shown_turns=compression.reuse.skip_shown_turns,
         )
         self._attributor: Attributor | None = None
         if config.citations.enabled:

@@ -146,12 +146,14 @@ class PassageReuseConfig(StrictModel):
         "requests retrieve it again, which a passage retrieved once before seldom was "
         "(`python -m bench.reuse --seeding`).",
     )
-    repeat_shown: bool = Field(
-        False,
-        description="A follow-up's retrieved passages go as their compression keeps them, "
-        "even the sentences earlier turns of its continued prompt showed: more tokens to "
-        "prefill, but this turn's evidence sits beside its question instead of turns back "
-        "(docs/benchmarks.md, conversations). False sends only what was not shown.",
+    skip_shown_turns: int | None = Field(
+        None,
+        ge=0,
+        description="A continued follow-up's retrieved passages leave out the sentences the "
+        "last this-many turns of its prompt showed, and send again what older turns showed "
+        "so that evidence sits near the question. None: leave out what any turn showed (the "
+        "fewest tokens to prefill); 0: leave out nothing, each passage goes as compressed "
+        "(docs/benchmarks.md, conversations).",
     )
     remembered_turns: int = Field(
         4096,

@@ -99,7 +99,7 @@ class PromptPreparer:
         collection_stores: CollectionStores | None = None,
         passage_cache: PassageCacheView | None = None,
         sent_turns: SentTurns | None = None,
-        repeat_shown: bool = False,
+        skip_shown_turns: int | None = None,
         remembered_counts: int = 16384,
     ) -> None:
         self._tokenizer = tokenizer
@@ -115,8 +115,9 @@ class PromptPreparer:
         )
         self._passage_cache = passage_cache
         self._sent_turns = sent_turns
-        # A continued follow-up's passages go whole as compressed, shown before or not.
-        self._repeat_shown = repeat_shown
+        # A continued follow-up's passages leave out the sentences the last
+        # `skip_shown_turns` continued turns showed (None: any of them; 0: none).
+        self._skip_shown_turns = skip_shown_turns
         # prepare() runs on several threads at once (asyncio.to_thread); the view is shared.
         self._passage_cache_lock = threading.Lock()
         self._system_prompts = dict(system_prompts)
@@ -162,7 +163,7 @@ class PromptPreparer:
         collection_stores: CollectionStores | None = None,
         passage_cache: PassageCacheView | None = None,
         sent_turns: SentTurns | None = None,
-        repeat_shown: bool = False,
+        skip_shown_turns: int | None = None,
         remembered_counts: int = 16384,
     ) -> PromptPreparer:
         """Load what preparation needs: the serving tokenizer, the index's sentence store
@@ -190,7 +191,7 @@ class PromptPreparer:
             collection_stores,
             passage_cache,
             sent_turns,
-            repeat_shown,
+            skip_shown_turns,
             remembered_counts,
         )
 
@@ -252,9 +253,11 @@ class PromptPreparer:
         history, sent = self._sent_turns.continued(scope, whole, len(whole) - len(fitted))
         if not sent:
             return None
-        # Repeating what earlier turns showed, nothing counts as shown: this turn's passages
-        # go as the plain layout would send them, after the continued history.
-        shown = {} if self._repeat_shown else shown_sentences(sent)
+        # Only what the last `skip_shown_turns` turns showed counts as shown: older evidence
+        # goes again beside the question (with 0 nothing does, and this turn's passages go
+        # as the plain layout would send them, after the continued history).
+        skip = len(sent) if self._skip_shown_turns is None else self._skip_shown_turns
+        shown = shown_sentences(sent[max(len(sent) - skip, 0) :])
         new: list[ContextChunk] = []
         old: list[ContextChunk] = []
         for chunk in chunks:

@@ -61,7 +61,7 @@ def test_only_remembered_user_turns_are_replaced_and_keys_follow_the_whole_histo
 
 
 def preparer(
-    sent_turns: SentTurns | None, max_model_len: int = 2048, repeat_shown: bool = False
+    sent_turns: SentTurns | None, max_model_len: int = 2048, skip_shown_turns: int | None = None
 ) -> PromptPreparer:
     store, _ = corpus(*PLAIN_SPECS)
     return PromptPreparer(
@@ -71,7 +71,7 @@ def preparer(
         sentence_store=store,
         passage_cache=PassageCacheView(10_000, seed_after=1),
         sent_turns=sent_turns,
-        repeat_shown=repeat_shown,
+        skip_shown_turns=skip_shown_turns,
     )
 
 
@@ -160,7 +160,7 @@ def test_sentences_shown_in_any_earlier_turn_count_as_shown(chunks):
 def test_repeating_what_was_shown_continues_the_prompt_with_this_turns_passages_as_planned(
     chunks, plan
 ):
-    prepare = preparer(SentTurns(16), repeat_shown=True).prepare
+    prepare = preparer(SentTurns(16), skip_shown_turns=0).prepare
     first = Conversation("Which alpha?")
     asked = prepare(first, retrieval(*chunks[:3]), plan, 64)
     second = follow_up(first, "alpha0.", "And beta?")
@@ -239,3 +239,22 @@ def test_the_same_conversation_over_another_collection_is_not_continued(chunks):
 
     assert then.continued_turns == 0
     assert "doc0#0" not in " ".join(m["content"] for m in then.messages)
+
+
+@pytest.mark.parametrize(
+    ("skip", "sent_again"), [(None, set()), (1, {"doc0#0"}), (0, {"doc0#0", "doc1#0"})]
+)
+def test_skip_shown_turns_leaves_out_only_what_the_last_turns_showed(chunks, skip, sent_again):
+    prepare = preparer(SentTurns(16), skip_shown_turns=skip).prepare
+    first = Conversation("Which alpha?")
+    prepare(first, retrieval(chunks[0]), NONE, 64)  # shows doc0 whole
+    second = follow_up(first, "alpha0.", "And beta?")
+    prepare(second, retrieval(chunks[1]), NONE, 64)  # shows doc1 whole
+    history = (*second.history, Turn("user", "And beta?"), Turn("assistant", "beta0."))
+    third = prepare(Conversation("Both?", history), retrieval(chunks[0], chunks[1]), NONE, 64)
+
+    assert third.continued_turns == 2
+    last = third.messages[-1]["content"]
+    assert {c for c in ("doc0#0", "doc1#0") if c in last} == sent_again
+    assert ("no new sources" in last) == (not sent_again)
+    assert {s.chunk_id for s in third.sources} == {"doc0#0", "doc1#0"}
