@@ -20,12 +20,14 @@ from app.settings import load_settings
 from generation.config import GeneratorConfig
 from pipeline.config_base import PROJECT_ROOT, ReplicaConfig
 from pipeline.log import get_logger
+from prepare.config import CompressionConfig
 from retrieval.models import resolve_model_reference
 
 logger = get_logger(__name__)
 
 PREFIX_CACHE_AFFINITY_ROUTER = "ray.serve.llm.request_router.PrefixCacheAffinityRouter"
 PASSAGE_AFFINITY_ROUTER = "deployments.passage_router.PassageAffinityRouter"
+CONVERSATION_AFFINITY_ROUTER = "deployments.conversation_router.ConversationAffinityRouter"
 
 
 def build_app(args: dict[str, Any] | None = None) -> Application:
@@ -48,7 +50,7 @@ def build_app(args: dict[str, Any] | None = None) -> Application:
     compressor = serve.deployment(
         CompressorDeployment,
         name="Compressor",
-        **deployment_options(config.compression.deployment, retry_after_s),
+        **compressor_options(config.compression, retry_after_s),
     ).bind(config)
     generator = build_generator(config.generator, retry_after_s)
     writer = None
@@ -87,6 +89,20 @@ def deployment_options(replica: ReplicaConfig, retry_after_s: float = 1.0) -> di
         options["autoscaling_config"] = replica.autoscaling.model_dump()
     else:
         options["num_replicas"] = replica.num_replicas
+    return options
+
+
+def compressor_options(
+    compression: CompressionConfig, retry_after_s: float = 1.0
+) -> dict[str, Any]:
+    """The compressor's Serve options: its replicas', and the conversation router if set."""
+    options = deployment_options(compression.deployment, retry_after_s)
+    router = compression.request_router
+    if router.kind == "conversation_affinity":
+        options["request_router_config"] = {
+            "request_router_class": CONVERSATION_AFFINITY_ROUTER,
+            "request_router_kwargs": {"max_queue_gap": router.max_queue_gap},
+        }
     return options
 
 

@@ -1,46 +1,21 @@
-"""A Ray Serve request router for the generator: the replica that likely holds the request's
-first passage in its prefix cache, bounded by load (generation.routing).
+"""The generator's request router: the replica that likely holds the request's first
+passage (or a conversation's first turn) in its prefix cache, bounded by load
+(deployments.affinity_router).
 
-Set with `generator.request_router.kind: passage_affinity`. It keeps no state beyond Serve's
-own queue-length cache: no actor to reach, so a lost node cannot hang a call in routing.
+Set with `generator.request_router.kind: passage_affinity`.
 """
 
 from __future__ import annotations
 
-from ray.serve.request_router import (
-    FIFOMixin,
-    LocalityMixin,
-    MultiplexMixin,
-    PendingRequest,
-    RequestRouter,
-    RunningReplica,
-)
+from ray.serve.request_router import PendingRequest
 
-from generation.routing import bounded_choice, rendezvous_order
+from deployments.affinity_router import AffinityRouter
 from pipeline.messages import GenerationRequest
 
 
-class PassageAffinityRouter(FIFOMixin, LocalityMixin, MultiplexMixin, RequestRouter):
-    def initialize_state(self, max_queue_gap: float | None = 2.0) -> None:
-        self._max_queue_gap = max_queue_gap
-
-    async def choose_replicas(
-        self,
-        candidate_replicas: list[RunningReplica],
-        pending_request: PendingRequest | None = None,
-    ) -> list[list[RunningReplica]]:
-        """Ranks for Serve to try in turn: the key's replica within the load bound, then
-        the others in the key's order. Without a key, one rank of all (the least loaded
-        that accepts wins)."""
-        key = routing_key(pending_request)
-        if not key or len(candidate_replicas) < 2:
-            return [list(candidate_replicas)]
-        by_id = {replica.replica_id.to_full_id_str(): replica for replica in candidate_replicas}
-        order = rendezvous_order(key, list(by_id))
-        cache = self._replica_queue_len_cache
-        queues = {name: cache.get(replica.replica_id) for name, replica in by_id.items()}
-        first = bounded_choice(order, queues, self._max_queue_gap)
-        return [[by_id[first]], [by_id[name] for name in order if name != first]]
+class PassageAffinityRouter(AffinityRouter):
+    def routing_key(self, pending_request: PendingRequest | None) -> str:
+        return routing_key(pending_request)
 
 
 def routing_key(pending_request: PendingRequest | None) -> str:

@@ -23,6 +23,24 @@ class CompressorReplicaConfig(ReplicaConfig):
     max_ongoing_requests: int = Field(8, ge=1, description="Requests one replica works on.")
 
 
+class CompressorRouterConfig(StrictModel):
+    kind: Literal["power_of_two", "conversation_affinity"] = Field(
+        "power_of_two",
+        description="How the ingress picks a compressor replica: Serve's default (the less "
+        "loaded of two random replicas), or conversation_affinity "
+        "(deployments.conversation_router: every question of a conversation to the replica "
+        "a hash of its opening question points at, while loads are balanced). Each replica "
+        "remembers only the turns it prepared, so with compression.reuse and 2+ compressor "
+        "replicas a follow-up is continued only where its conversation was prepared.",
+    )
+    max_queue_gap: float | None = Field(
+        2.0,
+        ge=0,
+        description="conversation_affinity: queue-length gap past which load wins over "
+        "affinity (None: affinity always wins).",
+    )
+
+
 class LLMLinguaConfig(StrictModel):
     enabled: bool = Field(
         True, description="Load LLMLingua in the compressor (needed for the llmlingua methods)."
@@ -197,6 +215,7 @@ class CompressionConfig(StrictModel):
         PassageReuseConfig(), description="Reuse of retrieved passages' prefill."
     )
     deployment: CompressorReplicaConfig = CompressorReplicaConfig()
+    request_router: CompressorRouterConfig = CompressorRouterConfig()
 
     @model_validator(mode="after")
     def _llmlingua_loaded(self) -> CompressionConfig:

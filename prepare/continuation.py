@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from pipeline.messages import Turn
+from pipeline.messages import Conversation, Turn
 from prepare.memo import BoundedLru, parts_digest
 
 
@@ -55,6 +55,15 @@ def turn_key(scope: str, earlier: Sequence[Turn], question: str) -> str:
     """The digest a question's sent message is remembered under: its scope (turn_scope),
     the turns before the question as the client sends them, and the question."""
     return parts_digest(scope, *(f"{t.role}\x00{t.content}" for t in earlier), question)
+
+
+def conversation_key(conversation: Conversation, collection: str) -> str:
+    """The same for every question of one conversation, from its first on: the collection,
+    the answer style and the conversation's opening question. What the compressor's router
+    keys on, so that one replica remembers a conversation's turns."""
+    opening = next((t.content for t in conversation.history if t.role == "user"), None)
+    question = conversation.question if opening is None else opening
+    return parts_digest(collection, conversation.answer_style, question)
 
 
 class SentTurns:

@@ -13,16 +13,19 @@ import yaml
 from app.config import ConfigError, RagAppConfig, parse_config
 from app.settings import UnsafeSettingsError
 from deployments.builder import (
+    CONVERSATION_AFFINITY_ROUTER,
     PASSAGE_AFFINITY_ROUTER,
     PREFIX_CACHE_AFFINITY_ROUTER,
     build_app,
     build_generator,
+    compressor_options,
     deployment_options,
     generator_llm_config,
     vllm_only_settings,
 )
 from generation.config import GeneratorConfig
 from pipeline.config_base import PROJECT_ROOT, ReplicaConfig
+from prepare.config import CompressionConfig
 
 STAGES = {
     "retriever": lambda c: c.retriever.deployment,
@@ -189,7 +192,25 @@ def test_passage_affinity_routes_with_the_projects_router(gap, max_queue_gap):
     }
 
 
-@pytest.mark.parametrize("path", [PREFIX_CACHE_AFFINITY_ROUTER, PASSAGE_AFFINITY_ROUTER])
+@pytest.mark.parametrize(("gap", "max_queue_gap"), [(None, None), (3, 3)])
+def test_conversation_affinity_routes_compressor_calls_with_the_projects_router(gap, max_queue_gap):
+    compression = CompressionConfig(
+        request_router={"kind": "conversation_affinity", "max_queue_gap": gap}
+    )
+
+    assert compressor_options(compression)["request_router_config"] == {
+        "request_router_class": CONVERSATION_AFFINITY_ROUTER,
+        "request_router_kwargs": {"max_queue_gap": max_queue_gap},
+    }
+    # Serve's default router unless asked: the options are the replica config's alone.
+    assert compressor_options(CompressionConfig()) == deployment_options(
+        CompressionConfig().deployment
+    )
+
+
+@pytest.mark.parametrize(
+    "path", [PREFIX_CACHE_AFFINITY_ROUTER, PASSAGE_AFFINITY_ROUTER, CONVERSATION_AFFINITY_ROUTER]
+)
 def test_the_router_class_path_names_an_importable_class(path):
     module, _, name = path.rpartition(".")
 
@@ -237,6 +258,18 @@ def test_serve_loads_the_passage_affinity_router_with_its_kwargs():
     config = RequestRouterConfig(**router)
 
     assert config.get_request_router_class().__name__ == "PassageAffinityRouter"
+    assert config.request_router_kwargs == {"max_queue_gap": 2.0}
+
+
+def test_serve_loads_the_conversation_affinity_router_with_its_kwargs():
+    from ray.serve.config import RequestRouterConfig
+
+    compression = CompressionConfig(request_router={"kind": "conversation_affinity"})
+    router = compressor_options(compression)["request_router_config"]
+
+    config = RequestRouterConfig(**router)
+
+    assert config.get_request_router_class().__name__ == "ConversationAffinityRouter"
     assert config.request_router_kwargs == {"max_queue_gap": 2.0}
 
 

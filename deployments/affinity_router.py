@@ -1,0 +1,47 @@
+"""A Ray Serve request router that sends calls with one key to one replica, bounded by load
+(generation.routing): the base of the generator's passage router and the compressor's
+conversation router, which differ only in the key they read from a call.
+
+It keeps no state beyond Serve's own queue-length cache: no actor to reach, so a lost node
+cannot hang a call in routing; a lost replica moves only the keys it held.
+"""
+
+from __future__ import annotations
+
+from ray.serve.request_router import (
+    FIFOMixin,
+    LocalityMixin,
+    MultiplexMixin,
+    PendingRequest,
+    RequestRouter,
+    RunningReplica,
+)
+
+from generation.routing import bounded_choice, rendezvous_order
+
+
+class AffinityRouter(FIFOMixin, LocalityMixin, MultiplexMixin, RequestRouter):
+    def initialize_state(self, max_queue_gap: float | None = 2.0) -> None:
+        self._max_queue_gap = max_queue_gap
+
+    def routing_key(self, pending_request: PendingRequest | None) -> str:
+        """The call's key, "" for a call that carries none (any replica may take it)."""
+        raise NotImplementedError
+
+    async def choose_replicas(
+        self,
+        candidate_replicas: list[RunningReplica],
+        pending_request: PendingRequest | None = None,
+    ) -> list[list[RunningReplica]]:
+        """Ranks for Serve to try in turn: the key's replica within the load bound, then
+        the others in the key's order. Without a key, one rank of all (the least loaded
+        that accepts wins)."""
+        key = self.routing_key(pending_request)
+        if not key or len(candidate_replicas) < 2:
+            return [list(candidate_replicas)]
+        by_id = {replica.replica_id.to_full_id_str(): replica for replica in candidate_replicas}
+        order = rendezvous_order(key, list(by_id))
+        cache = self._replica_queue_len_cache
+        queues = {name: cache.get(replica.replica_id) for name, replica in by_id.items()}
+        first = bounded_choice(order, queues, self._max_queue_gap)
+        return [[by_id[first]], [by_id[name] for name in order if name != first]]
