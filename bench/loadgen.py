@@ -115,6 +115,8 @@ class RequestRecord:
     usage_cached_prompt_tokens: int | None = None
     # The cached tokens by prompt part (system, history, passages, question), where given.
     usage_cached_by_segment: dict[str, int] | None = None
+    # Earlier questions sent as the generator saw them (the continued layout), where given.
+    usage_continued_turns: int | None = None
     ok: bool = False
     status: int | None = None
     error_kind: str | None = None
@@ -293,6 +295,7 @@ class _Stream:
     prompt_tokens: int | None = None
     cached_prompt_tokens: int | None = None
     cached_by_segment: dict[str, int] | None = None
+    continued_turns: int | None = None
     timings_ms: dict[str, float] | None = None
     tpot_ms: float | None = None
     degraded: str | None = None
@@ -349,6 +352,8 @@ class _Stream:
             if isinstance(cached, int):
                 self.cached_prompt_tokens = cached
             self.segments(usage.get("cached_prompt_tokens_by_segment"))
+            if isinstance(usage.get("continued_turns"), int):
+                self.continued_turns = usage["continued_turns"]
         if not isinstance(rag, dict):
             return
         self.segments(rag.get("cached_prompt_tokens_by_segment"))
@@ -432,6 +437,7 @@ def _fill(
     record.usage_prompt_tokens = stream.prompt_tokens
     record.usage_cached_prompt_tokens = stream.cached_prompt_tokens
     record.usage_cached_by_segment = stream.cached_by_segment
+    record.usage_continued_turns = stream.continued_turns
     record.output_tokens = stream.deltas if stream.usage_tokens is None else stream.usage_tokens
     record.server_timings_ms = stream.timings_ms
     record.server_tpot_ms = stream.tpot_ms

@@ -110,6 +110,10 @@ class Setting:
     reuse: bool | None
 
 
+TWO_COMPRESSORS = {
+    "compression.deployment.num_replicas": 2,
+    "compression.deployment.num_cpus": 0.2,
+}
 SETTINGS = {
     "naive": Setting(
         "naive", {"generator.engine_kwargs.enable_prefix_caching": False}, "none", False
@@ -122,6 +126,16 @@ SETTINGS = {
     # Conversations continued, leaving out only what the previous turn showed: what older
     # turns showed goes again, beside the question (compression.reuse.skip_shown_turns: 1).
     "reuse-last1": Setting("reuse-last1", {"compression.reuse.skip_shown_turns": 1}, None, True),
+    # Two compressor replicas, each remembering only the turns it prepared: Serve's default
+    # router against the conversation router (deployments.conversation_router). Their
+    # scheduling label lowered so that both fit the 2-core default beside the generator.
+    "reuse-2c": Setting("reuse-2c", TWO_COMPRESSORS, None, True),
+    "reuse-2c-conv": Setting(
+        "reuse-2c-conv",
+        {**TWO_COMPRESSORS, "compression.request_router.kind": "conversation_affinity"},
+        None,
+        True,
+    ),
     # vLLM's CPU KV block: prefix caching reuses full blocks only, so a shared passage loses
     # the partial block at its end (on average half a block).
     "today-b128": Setting("today-b128", {"generator.engine_kwargs.block_size": 128}, None, False),
@@ -147,10 +161,15 @@ COMPARISONS = (
     ("today", "naive"),
     ("today-b32", "today-b128"),
     ("reuse-passage", "reuse-p2c"),
+    ("reuse-2c-conv", "reuse-2c"),
 )
-# Serve's access log line of a finished generator call: "rag_Generator <replica> <request>
-# -- CALL generate OK"; counted per replica, it gives each replica's share of the requests.
-_GENERATOR_CALL = re.compile(r"rag_Generator (\S+) \S+ -- CALL generate OK")
+# Serve's access log lines of a finished generator and compressor call: "rag_Generator
+# <replica> <request> -- CALL generate OK"; counted per replica, they give each replica's
+# share of the requests.
+_STAGE_CALLS = {
+    "generator": re.compile(r"rag_Generator (\S+) \S+ -- CALL generate OK"),
+    "compressor": re.compile(r"rag_Compressor (\S+) \S+ -- CALL prepare OK"),
+}
 # Serve forwards replica logs to the `serve run` output within about a second.
 _LOG_LAG_S = 3.0
 # Ray folds lines that differ only in ids and numbers into one "[repeated Nx across
@@ -288,10 +307,10 @@ def run_setting(
     index: Path = DEFAULT_INDEX_DIR,
     generator: dict[str, object] | None = None,
     answers: Answers = Answers(),
-) -> tuple[dict[str, list[dict[str, Any]]], dict[str, dict[str, int]]]:
+) -> tuple[dict[str, list[dict[str, Any]]], dict[str, dict[str, dict[str, int]]]]:
     """Start a fresh service for `setting` over `index`, read by `generator`'s overrides
     (MEASURED_WITH by default), send every phase in turn, stop it: the records of every
-    phase, and its finished generator calls per replica."""
+    phase, and per stage (generator, compressor) and phase its finished calls per replica."""
     overrides = {
         **(MEASURED_WITH if generator is None else generator),
         "retriever.index_path": str(index),
@@ -299,7 +318,7 @@ def run_setting(
     }
     name = f"{run}-{setting.name}"
     records: dict[str, list[dict[str, Any]]] = {}
-    calls: dict[str, dict[str, int]] = {}
+    calls: dict[str, dict[str, dict[str, int]]] = {stage: {} for stage in _STAGE_CALLS}
     log = out_dir / f"{name}.serve.log"
     with variant_service(base, overrides, out_dir, name) as url:
         for phase in plan:
@@ -310,13 +329,16 @@ def run_setting(
             time.sleep(_LOG_LAG_S)
             with log.open("rb") as file:
                 file.seek(offset)
-                calls[phase.name] = generator_calls(file.read().decode(errors="replace"))
+                text = file.read().decode(errors="replace")
+            for stage in _STAGE_CALLS:
+                calls[stage][phase.name] = stage_calls(text, stage)
     return records, calls
 
 
-def generator_calls(log_text: str) -> dict[str, int]:
-    """Finished generator calls per replica in a stretch of a `serve run` log."""
-    return dict(Counter(_GENERATOR_CALL.findall(log_text)))
+def stage_calls(log_text: str, stage: str = "generator") -> dict[str, int]:
+    """Finished calls of `stage` (generator or compressor) per replica in a stretch of a
+    `serve run` log."""
+    return dict(Counter(_STAGE_CALLS[stage].findall(log_text)))
 
 
 async def _send(url: str, phase: Phase, setting: Setting, answers: Answers) -> list[RequestRecord]:
@@ -443,11 +465,11 @@ def _prepare_table(rows: list[list[object]]) -> list[str]:
     )
 
 
-def _replica_shares(results: dict[str, Any]) -> list[str]:
-    """The table of each run's generator calls per replica, where a run had 2+ replicas."""
+def _replica_shares(results: dict[str, Any], stage: str = "generator") -> list[str]:
+    """The table of each run's `stage` calls per replica, where a run had 2+ replicas."""
     rows = []
     for i, run in enumerate(results["runs"]):
-        for phase, calls in (run.get("generator_calls") or {}).items():
+        for phase, calls in (run.get(f"{stage}_calls") or {}).items():
             if len(calls) < 2:
                 continue
             total = sum(calls.values())
@@ -457,10 +479,36 @@ def _replica_shares(results: dict[str, Any]) -> list[str]:
             largest = f"{shares[0]:.2f}" if total == sent else f"{shares[0]:.2f} (of {sent} sent)"
             rows.append([f"{i}-{run['setting']}", phase, total, counts, largest])
     return _section(
-        "Generator calls per replica (Serve's access log):",
-        ["run", "phase", "generator calls", "per replica", "largest share"],
+        f"{stage.capitalize()} calls per replica (Serve's access log):",
+        ["run", "phase", f"{stage} calls", "per replica", "largest share"],
         rows,
         (2, 4),
+    )
+
+
+def _continued_table(
+    plan: dict[str, dict[str, Any]], runs: dict[str, list[dict[str, list[dict[str, Any]]]]]
+) -> list[str]:
+    """Per conversation phase and setting, the follow-ups whose prompt continued the one
+    before it (usage.continued_turns > 0), where the records carry it."""
+    rows = []
+    for phase, info in plan.items():
+        if phase not in CONVERSATION_PHASES:
+            continue
+        keep = _segment_indices(info["items"], "warm")
+        for name, setting_runs in runs.items():
+            records = [run[phase][i] for run in setting_runs for i in keep]
+            counted = [r for r in records if r.get("usage_continued_turns") is not None]
+            if not counted:
+                continue
+            continued = sum(1 for r in counted if r["usage_continued_turns"] > 0)
+            rows.append([phase, name, len(counted), continued, f"{continued / len(counted):.2f}"])
+    return _section(
+        "Follow-ups continued (usage.continued_turns > 0: the compressor replica that "
+        "prepared the turns before remembered them):",
+        ["phase", "setting", "follow-ups", "continued", "share"],
+        rows,
+        (2, 3, 4),
     )
 
 
@@ -526,7 +574,9 @@ def report(results: dict[str, Any]) -> str:
         markdown_table(["phase", "requests", "comparison", "ratio [95% CI]", "n"], ratios),
         *_prepare_table(prepare),
         *_answers_table(plan, runs),
+        *_continued_table(plan, runs),
         *_replica_shares(results),
+        *_replica_shares(results, "compressor"),
     ]
     return "\n".join(lines) + "\n"
 
@@ -804,7 +854,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             SETTINGS[name], plan, args.config, args.out, run, index, generator,
             Answers(args.max_tokens, args.answer_style),
         )  # fmt: skip
-        results["runs"].append({"setting": name, "records": records, "generator_calls": calls})
+        results["runs"].append({
+            "setting": name,
+            "records": records,
+            **{f"{stage}_calls": stage_calls for stage, stage_calls in calls.items()},
+        })  # fmt: skip
         saved.write_text(json.dumps(results, indent=1))  # kept as it grows
     (args.out / "README.md").write_text(report(results))
     return 0

@@ -76,6 +76,7 @@ def rag_steps(
             "context_tokens_before": 800,
             "context_tokens_after": 400,
             "completion_tokens": tokens,
+            "continued_turns": 2,
         },
         "timings_ms": TIMINGS,
         "tpot_ms": 21.0,
@@ -342,10 +343,12 @@ def test_rag_done_event_gives_prompt_and_cached_tokens():
         "passages": 6,
         "question": 0,
     }
+    assert record.usage_continued_turns == 2
     # A chat usage chunk without details: prompt tokens, no cached count, no split.
     [record] = load(FakeServer(lambda _: chat_steps(["a"], usage_tokens=1)), [CHAT])
     assert (record.usage_prompt_tokens, record.usage_cached_prompt_tokens) == (800, None)
     assert record.usage_cached_by_segment is None
+    assert record.usage_continued_turns is None
 
 
 # --- loadgen: failures ---------------------------------------------------------------------

@@ -14,13 +14,13 @@ from bench.reuse import (
     SETTINGS,
     WorkItem,
     conversation_phases,
-    generator_calls,
     overlap_row,
     phases,
     ratio_interval,
     report,
     skewed_items,
     specs,
+    stage_calls,
     uniform_items,
 )
 from bench.squad import SquadParagraph, SquadQuestion, SquadSet
@@ -98,6 +98,15 @@ def test_each_setting_asks_what_it_stands_for():
     for name, kind in (("reuse-p2c", "power_of_two"), ("reuse-passage", "passage_affinity")):
         assert SETTINGS[name].overrides == {"generator.request_router.kind": kind}
         assert (SETTINGS[name].method, SETTINGS[name].reuse) == (None, True)
+    two, routed = SETTINGS["reuse-2c"], SETTINGS["reuse-2c-conv"]
+    assert two.overrides["compression.deployment.num_replicas"] == 2
+    assert routed.overrides == {
+        **two.overrides,
+        "compression.request_router.kind": "conversation_affinity",
+    }
+    assert two.reuse and routed.reuse
+    for name, skip in (("reuse-repeat", 0), ("reuse-last1", 1)):
+        assert SETTINGS[name].overrides == {"compression.reuse.skip_shown_turns": skip}
 
 
 def test_the_ratio_is_the_median_per_request_ratio_and_skips_missing_pairs():
@@ -189,9 +198,10 @@ SERVE_LOG = """\
 """
 
 
-def test_generator_calls_are_counted_per_replica_from_serves_access_log():
-    assert generator_calls(SERVE_LOG) == {"hk1spbnp": 2, "zz9qq": 1}
-    assert generator_calls("") == {}
+def test_stage_calls_are_counted_per_replica_from_serves_access_log():
+    assert stage_calls(SERVE_LOG) == {"hk1spbnp": 2, "zz9qq": 1}
+    assert stage_calls(SERVE_LOG, "compressor") == {"c0": 1}
+    assert stage_calls("") == {}
 
 
 def test_the_report_shows_each_replicas_share_where_there_were_two():
@@ -354,6 +364,34 @@ def test_the_report_scores_conversation_answers_against_their_golds_paired_by_re
     assert "| conversation-c1 | warm | reuse | 3 | 0.889 | 0.667 |" in text
     assert "| conversation-c1 | cold | reuse − today | 1 |" in text
     assert "| conversation-c1 | warm | reuse − today | 3 | +0.556 [" in text
+
+
+def test_the_report_counts_the_follow_ups_whose_prompt_continued_the_one_before():
+    items = [
+        {"question_id": f"s_turn{t}", "question": "?", "paragraph_id": "s", "warm": t > 0,
+         "turn": t, "golds": ["x"]}
+        for t in range(4)
+    ]  # fmt: skip
+
+    def continued(*turns: int | None) -> list[dict]:
+        return [
+            record(100) | {"index": i, "answer": "x", "usage_continued_turns": n}
+            for i, n in enumerate(turns)
+        ]
+
+    results = saved(
+        "conversation-c4",
+        items,
+        [{"setting": "reuse-2c", "records": {"conversation-c4": continued(0, 1, 0, 0)}},
+         {"setting": "reuse-2c-conv", "records": {"conversation-c4": continued(0, 1, 2, 3)}},
+         {"setting": "today", "records": {"conversation-c4": continued(None, None, None, None)}}],
+    )  # fmt: skip
+
+    text = report(results).split("Follow-ups continued")[1]
+
+    assert "| conversation-c4 | reuse-2c | 3 | 1 | 0.33 |" in text
+    assert "| conversation-c4 | reuse-2c-conv | 3 | 3 | 1.00 |" in text
+    assert "| today |" not in text  # records without the count are not counted as misses
 
 
 def test_the_generator_overrides_name_the_reader_and_the_window_only_when_asked():
