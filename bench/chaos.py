@@ -276,10 +276,16 @@ def run_overload_paced(work: Path, seed: int) -> dict:
     return run_overload(work, seed, PACED_LIKE_VLLM, "-paced")
 
 
-def run_replica_kills(work: Path, seed: int, router: str | None = None) -> list[dict]:
+def run_replica_kills(
+    work: Path, seed: int, router: str | None = None, compressor_router: str | None = None
+) -> list[dict]:
     """`router`: the generator's request router (generator.request_router.kind), else the
-    scale profile's own."""
-    overrides = {} if router is None else {"generator.request_router.kind": router}
+    scale profile's own; `compressor_router` the compressor's (compression.request_router.kind)."""
+    overrides: dict[str, object] = {}
+    if router is not None:
+        overrides["generator.request_router.kind"] = router
+    if compressor_router is not None:
+        overrides["compression.request_router.kind"] = compressor_router
     whole = {"retriever": 2, "compressor": 2, "generator": 2, "ingress": 2}
     results = []
     with started_variant(ROOT / "serve_config.scale.yaml", overrides, work, "scale") as service:
@@ -634,6 +640,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="replica-kill: the generator's request router (default: the scale profile's)",
     )
     parser.add_argument(
+        "--compressor-router",
+        choices=["power_of_two", "conversation_affinity"],
+        help="replica-kill: the compressor's request router (default: the scale profile's)",
+    )
+    parser.add_argument(
         "--render-only", action="store_true",
         help="run nothing: write --out from the results saved under --results",
     )  # fmt: skip
@@ -645,7 +656,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     runners: dict[str, Callable[[Path, int], Any]] = {
         "overload": run_overload,
         "overload-paced": run_overload_paced,
-        "replica-kill": functools.partial(run_replica_kills, router=args.generator_router),
+        "replica-kill": functools.partial(
+            run_replica_kills,
+            router=args.generator_router,
+            compressor_router=args.compressor_router,
+        ),
         "node-loss": run_node_loss,
         "fuzz": run_fuzz,
     }
