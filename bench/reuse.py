@@ -110,7 +110,7 @@ class Setting:
     reuse: bool | None
 
 
-TWO_COMPRESSORS = {
+TWO_COMPRESSORS: dict[str, object] = {
     "compression.deployment.num_replicas": 2,
     "compression.deployment.num_cpus": 0.2,
 }
