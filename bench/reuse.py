@@ -13,11 +13,14 @@ Settings, each on a fresh service over the SQuAD index (harness.variant), read b
 reader the stored figures were read by (bench.suite.MEASURED_WITH, SmolLM2 in fp32):
 - naive: prefix caching off, no compression;
 - today: the service's defaults (sentence selection, the `auto` policy);
-- reuse: the same, with `compression.reuse` on (prepare.reuse);
+- reuse: the same, with `compression.reuse` on (prepare.reuse), a continued follow-up
+  leaving out every sentence an earlier turn showed (`skip_shown_turns: null`);
 - reuse-repeat: reuse whose continued follow-ups send this turn's passages as compressed,
   even the sentences earlier turns showed (`compression.reuse.skip_shown_turns: 0`);
 - reuse-last1: reuse whose continued follow-ups leave out only what the turn before showed
-  (`compression.reuse.skip_shown_turns: 1`).
+  (`compression.reuse.skip_shown_turns: 1`, the service's default);
+- reuse-2c, reuse-2c-conv: reuse over two compressor replicas, under Serve's default router
+  and under the conversation router (`compression.request_router`).
 `today` and `reuse` run twice, in the order today, reuse, reuse, today, so drift over the
 run falls on both; naive once, last. Every request's record is stored; the report pairs
 requests across settings (same questions in the same order) and gives the median
@@ -110,7 +113,9 @@ class Setting:
     reuse: bool | None
 
 
+LEAVE_OUT_ALL_SHOWN: dict[str, object] = {"compression.reuse.skip_shown_turns": None}
 TWO_COMPRESSORS: dict[str, object] = {
+    **LEAVE_OUT_ALL_SHOWN,
     "compression.deployment.num_replicas": 2,
     "compression.deployment.num_cpus": 0.2,
 }
@@ -119,7 +124,9 @@ SETTINGS = {
         "naive", {"generator.engine_kwargs.enable_prefix_caching": False}, "none", False
     ),
     "today": Setting("today", {}, None, False),
-    "reuse": Setting("reuse", {}, None, True),
+    # Leaving out every sentence an earlier turn showed, as every stored run named reuse did
+    # (the service's default until 2026-12-06, now skip_shown_turns: 1).
+    "reuse": Setting("reuse", LEAVE_OUT_ALL_SHOWN, None, True),
     # Conversations continued, this turn's passages sent as compressed even where earlier
     # turns showed them (compression.reuse.skip_shown_turns: 0).
     "reuse-repeat": Setting("reuse-repeat", {"compression.reuse.skip_shown_turns": 0}, None, True),

@@ -165,13 +165,14 @@ class PassageReuseConfig(StrictModel):
         "(`python -m bench.reuse --seeding`).",
     )
     skip_shown_turns: int | None = Field(
-        None,
+        1,
         ge=0,
         description="A continued follow-up's retrieved passages leave out the sentences the "
-        "last this-many turns of its prompt showed, and send again what older turns showed "
-        "so that evidence sits near the question. None: leave out what any turn showed (the "
-        "fewest tokens to prefill); 0: leave out nothing, each passage goes as compressed "
-        "(docs/benchmarks.md, conversations).",
+        "last this-many turns of its prompt showed, and send again what older turns showed, "
+        "so that evidence sits near the question. 1 (the default): follow-ups' answers showed "
+        "no detectable difference from the plain layout's, at 0.91x its TTFT; None leaves out "
+        "what any turn showed (the fewest tokens, 0.77x, but a gold in detectably fewer "
+        "answers); 0 leaves out nothing (docs/benchmarks.md, conversations).",
     )
     remembered_turns: int = Field(
         4096,

@@ -105,6 +105,8 @@ def test_each_setting_asks_what_it_stands_for():
         "compression.request_router.kind": "conversation_affinity",
     }
     assert two.reuse and routed.reuse
+    # reuse means what it meant in every stored run: leave out whatever any turn showed.
+    assert SETTINGS["reuse"].overrides == {"compression.reuse.skip_shown_turns": None}
     for name, skip in (("reuse-repeat", 0), ("reuse-last1", 1)):
         assert SETTINGS[name].overrides == {"compression.reuse.skip_shown_turns": skip}
 
