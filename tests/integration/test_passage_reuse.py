@@ -4,7 +4,9 @@ prefix cache.
 
 A collection of its own holds three passages, so every question (top_k 3) retrieves the same
 three in a different score order. The shared service runs two compressor replicas, each with
-its own view: the layout must line up whichever replica prepares the prompt.
+its own view: the layout must line up whichever replica prepares the prompt. A conversation's
+follow-ups continue its earlier prompts only on the replica that prepared them, which the
+conversation router (compression.request_router) sends them to.
 """
 
 from __future__ import annotations
@@ -134,3 +136,28 @@ def test_in_score_order_the_same_passages_are_prefilled_again(client):
     segments = second["usage"]["cached_prompt_tokens_by_segment"]
     assert segments["system"] > 0, segments
     assert segments["passages"] < KV_BLOCK_TOKENS, segments
+
+
+def test_every_follow_up_continues_its_conversation_on_the_replica_that_prepared_it(client):
+    # Three conversations of three questions over two compressor replicas: each follow-up
+    # is continued only where its earlier turns are remembered. Sent by Serve's default
+    # router, all six would find them with odds of about 1 in 64.
+    reuse = {"method": "none", "reuse": True}
+    openings = [
+        ("What is float glass poured onto?", "How is it cooled?", "What is that oven called?"),
+        ("How do honey bees find flowers?", "What gives the distance?", "How many eggs a day?"),
+        ("How many strings has a violin?", "What wood is its back?", "What are bows strung with?"),
+    ]
+    for questions in openings:
+        history: list[dict[str, str]] = []
+        for turn, question in enumerate(questions):
+            answer = ask(client, question, history=history, compression=reuse)
+            usage = answer["usage"]
+            assert usage["continued_turns"] == turn, (question, usage)
+            if turn:
+                # The earlier prompts, sources and all, came from the prefix cache.
+                assert usage["cached_prompt_tokens_by_segment"]["history"] > 0, usage
+            history += [
+                {"role": "user", "content": question},
+                {"role": "assistant", "content": answer["answer"] or "(no answer)"},
+            ]
