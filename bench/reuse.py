@@ -496,24 +496,39 @@ def _replica_shares(results: dict[str, Any], stage: str = "generator") -> list[s
 def _continued_table(
     plan: dict[str, dict[str, Any]], runs: dict[str, list[dict[str, list[dict[str, Any]]]]]
 ) -> list[str]:
-    """Per conversation phase and setting, the follow-ups whose prompt continued the one
-    before it (usage.continued_turns > 0), where the records carry it."""
+    """Per conversation phase and setting, the follow-ups whose prompt continued the ones
+    before it (usage.continued_turns > 0), where the records carry it, in all and by
+    question: a second question is continued exactly when the replica that prepared the
+    first prepares it, later ones also need the window to hold the longer history."""
     rows = []
     for phase, info in plan.items():
         if phase not in CONVERSATION_PHASES:
             continue
         keep = _segment_indices(info["items"], "warm")
         for name, setting_runs in runs.items():
-            records = [run[phase][i] for run in setting_runs for i in keep]
-            counted = [r for r in records if r.get("usage_continued_turns") is not None]
-            if not counted:
+            pairs = [
+                (info["items"][i].get("turn", 0), run[phase][i])
+                for run in setting_runs
+                for i in keep
+                if run[phase][i].get("usage_continued_turns") is not None
+            ]
+            if not pairs:
                 continue
-            continued = sum(1 for r in counted if r["usage_continued_turns"] > 0)
-            rows.append([phase, name, len(counted), continued, f"{continued / len(counted):.2f}"])
+            by_turn: dict[int, list[bool]] = defaultdict(list)
+            for turn, record in pairs:
+                by_turn[turn].append(record["usage_continued_turns"] > 0)
+            continued = sum(sum(flags) for flags in by_turn.values())
+            turns = ", ".join(
+                f"{turn + 1}: {sum(flags)}/{len(flags)}" for turn, flags in sorted(by_turn.items())
+            )
+            rows.append(
+                [phase, name, len(pairs), continued, f"{continued / len(pairs):.2f}", turns]
+            )
     return _section(
         "Follow-ups continued (usage.continued_turns > 0: the compressor replica that "
-        "prepared the turns before remembered them):",
-        ["phase", "setting", "follow-ups", "continued", "share"],
+        "prepared an earlier turn prepared this one and remembered it), over every run of "
+        "the setting:",
+        ["phase", "setting", "follow-ups", "continued", "share", "by question"],
         rows,
         (2, 3, 4),
     )

@@ -391,8 +391,8 @@ def test_the_report_counts_the_follow_ups_whose_prompt_continued_the_one_before(
 
     text = report(results).split("Follow-ups continued")[1]
 
-    assert "| conversation-c4 | reuse-2c | 3 | 1 | 0.33 |" in text
-    assert "| conversation-c4 | reuse-2c-conv | 3 | 3 | 1.00 |" in text
+    assert "| conversation-c4 | reuse-2c | 3 | 1 | 0.33 | 2: 1/1, 3: 0/1, 4: 0/1 |" in text
+    assert "| conversation-c4 | reuse-2c-conv | 3 | 3 | 1.00 | 2: 1/1, 3: 1/1, 4: 1/1 |" in text
     assert "| today |" not in text  # records without the count are not counted as misses
 
 
