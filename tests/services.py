@@ -144,15 +144,13 @@ PARSE_TIMEOUT_S = 3.0
 
 
 def two_replicas_each(application: dict[str, Any]) -> None:
-    """Two retrievers and two compressors (the conversation router before them), with CPU
-    reservations that fit two cores; a short parse limit, so the test of a crafted PDF
+    """Two retrievers and two compressors (behind the shipped conversation router), with
+    CPU reservations that fit two cores; a short parse limit, so the test of a crafted PDF
     waits seconds, not the shipped 30; an upload budget of one largest upload per key; and
     vLLM's request log on."""
     args = application["args"]
     args["retriever"]["deployment"].update(num_replicas=2, num_cpus=0.1)
     args["compression"]["deployment"].update(num_replicas=2, num_cpus=0.2)
-    # A conversation's follow-ups to the compressor replica that remembers its turns.
-    args["compression"]["request_router"] = {"kind": "conversation_affinity"}
     args["collections"]["parse_timeout_s"] = PARSE_TIMEOUT_S
     # One largest upload in flight per key: the upload-budget test holds one open and sees
     # the next refused (shipped: two).

@@ -6,7 +6,7 @@ A collection of its own holds three passages, so every question (top_k 3) retrie
 three in a different score order. The shared service runs two compressor replicas, each with
 its own view: the layout must line up whichever replica prepares the prompt. A conversation's
 follow-ups continue its earlier prompts only on the replica that prepared them, which the
-conversation router (compression.request_router) sends them to.
+shipped config's conversation router (compression.request_router) sends them to.
 """
 
 from __future__ import annotations
