@@ -7,6 +7,10 @@ story asked in an earlier run of the list is left out of the later one's share o
 own line keeps all of its follow-ups.
 
     cd docs/results/reuse/pooled-answers && ../../../../.venv/bin/python pooled.py > pooled.txt
+    ../../../../.venv/bin/python pooled.py reuse-last1 > pooled-last1.txt
+
+The argument names the setting set against today (reuse by default); runs without it are
+passed over.
 """
 
 from __future__ import annotations
@@ -52,28 +56,31 @@ def follow_up_scores(run: str, setting: str, metric) -> list[tuple[str, float]]:
 
 
 def main() -> None:
+    setting = sys.argv[1] if len(sys.argv) > 1 else "reuse"
     for name, metric in METRICS.items():
         pairs: list[tuple[float, float]] = []
         pooled_stories: set[str] = set()
         for run in RUNS:
             reuse, today = (
-                follow_up_scores(run, "reuse", metric),
+                follow_up_scores(run, setting, metric),
                 follow_up_scores(run, "today", metric),
             )
+            if not reuse:
+                continue
             stories = [story for story, _ in reuse]
             run_pairs = [(a, b) for (_, a), (_, b) in zip(reuse, today, strict=True)]
             difference = stats.paired_difference(run_pairs)
             new = [pair for story, pair in zip(stories, run_pairs, strict=True)
                    if story not in pooled_stories]  # fmt: skip
             print(
-                f"{run}: {name}, reuse - today, n={len(run_pairs)}: "
+                f"{run}: {name}, {setting} - today, n={len(run_pairs)}: "
                 f"{stats.fmt_difference(difference)}; pooled: {len(new)} follow-ups of "
                 "stories no earlier run asked"
             )
             pairs += new
             pooled_stories |= set(stories)
         pooled = stats.paired_difference(pairs)
-        print(f"pooled: {name}, reuse - today, n={len(pairs)}: {stats.fmt_difference(pooled)}")
+        print(f"pooled: {name}, {setting} - today, n={len(pairs)}: {stats.fmt_difference(pooled)}")
 
 
 if __name__ == "__main__":
