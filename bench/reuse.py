@@ -44,6 +44,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from app.config import ConversationConfig
 from bench.coqa import CACHE_DIR as COQA_CACHE_DIR
 from bench.coqa import COQA_FILENAME, CoqaStory
 from bench.coqa import INDEX_DIR as COQA_INDEX_DIR
@@ -70,6 +71,8 @@ from bench.stats import (
 from bench.suite import MEASURED_WITH
 from bench.tables import markdown_table
 from harness.service import ROOT
+from pipeline.conversation import join_question
+from pipeline.messages import AnswerStyle, Conversation, Turn
 
 logger = logging.getLogger(__name__)
 
@@ -277,6 +280,31 @@ def conversation_phases(
         Phase("conversation-c1", 1, items(drawn[:conversations])),
         Phase("conversation-c4", 4, items(drawn[conversations:])),
     ]
+
+
+def gold_history_requests(
+    phase: Phase,
+    retrieve: Callable[[str], Any],
+    answer_style: AnswerStyle = "short",
+    user_turns: int = ConversationConfig().join_user_turns,
+) -> list[tuple[Conversation, Any, str, int]]:
+    """A conversation phase's questions as a compressor would get them, in process, with
+    each conversation's first gold answers as its history (no generator): per question the
+    Conversation, `retrieve`'s answer to the service's default follow-up query (the last
+    `user_turns` user turns joined to the question, conversation.join_user_turns), the
+    first gold answer and the turn."""
+    requests: list[tuple[Conversation, Any, str, int]] = []
+    history: list[Turn] = []
+    story = None
+    for item in phase.items:
+        if item.paragraph_id != story:
+            history, story = [], item.paragraph_id
+        retrieval = retrieve(join_question(history, item.question, user_turns))
+        answer = item.golds[0] if item.golds else "unknown"
+        conversation = Conversation(item.question, tuple(history), answer_style)
+        requests.append((conversation, retrieval, answer, item.turn))
+        history += [Turn("user", item.question), Turn("assistant", answer)]
+    return requests
 
 
 def specs(phase: Phase, setting: Setting, answers: Answers = Answers()) -> list[RequestSpec]:

@@ -30,9 +30,9 @@ from bench import stats  # noqa: E402
 from bench.coqa import CACHE_DIR, COQA_FILENAME, load  # noqa: E402
 from bench.coqa import INDEX_DIR as COQA_INDEX_DIR  # noqa: E402
 from bench.quality import DEFAULT_INDEX_DIR  # noqa: E402
-from bench.reuse import conversation_phases, phases  # noqa: E402
+from bench.reuse import conversation_phases, gold_history_requests, phases  # noqa: E402
 from bench.squad import DEFAULT_CACHE_DIR, SQUAD_DEV_FILENAME, load_squad  # noqa: E402
-from pipeline.messages import CompressionPlan, Conversation, Turn  # noqa: E402
+from pipeline.messages import CompressionPlan, Conversation  # noqa: E402
 from prepare.continuation import SentTurns  # noqa: E402
 from prepare.preparation import PromptPreparer  # noqa: E402
 from prepare.prompt import DEFAULT_SYSTEM_PROMPT, SHORT_ANSWER_SYSTEM_PROMPT  # noqa: E402
@@ -62,18 +62,8 @@ def squad_work() -> list[tuple[Conversation, object]]:
 def coqa_work() -> list[tuple[Conversation, object]]:
     (phase, _) = conversation_phases(load(ROOT / CACHE_DIR / COQA_FILENAME), 30, 3, seed=1)
     found = retriever(ROOT / COQA_INDEX_DIR)
-    work: list[tuple[Conversation, object]] = []
-    history: list[Turn] = []
-    story = None
-    for item in phase.items:
-        if item.paragraph_id != story:
-            history, story = [], item.paragraph_id
-        recent = [turn.content for turn in history if turn.role == "user"][-2:]
-        retrieval = found.retrieve(" ".join([*recent, item.question]), 5)
-        work.append((Conversation(item.question, tuple(history), "short"), retrieval))
-        answer = item.golds[0] if item.golds else "unknown"
-        history += [Turn("user", item.question), Turn("assistant", answer)]
-    return work
+    requests = gold_history_requests(phase, lambda text: found.retrieve(text, 5))
+    return [(conversation, retrieval) for conversation, retrieval, _, _ in requests]
 
 
 def compare(name: str, work, index: Path, reuse: bool) -> None:

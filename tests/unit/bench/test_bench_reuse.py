@@ -14,6 +14,7 @@ from bench.reuse import (
     SETTINGS,
     WorkItem,
     conversation_phases,
+    gold_history_requests,
     overlap_row,
     phases,
     ratio_interval,
@@ -24,6 +25,7 @@ from bench.reuse import (
     uniform_items,
 )
 from bench.squad import SquadParagraph, SquadQuestion, SquadSet
+from pipeline.messages import Conversation
 
 
 def squad(paragraphs: int = 30, questions_each: int = 6) -> SquadSet:
@@ -293,6 +295,26 @@ def test_conversations_ask_each_storys_questions_in_order_on_disjoint_stories():
     assert conversation_phases(stories, 3, 4, seed=0) == [one, four]  # drawn by the seed
     with pytest.raises(ValueError):  # only 8 stories have 4 turns
         conversation_phases(stories, conversations=5, turns=4, seed=0)
+
+
+def test_in_process_conversations_carry_gold_answers_and_search_as_the_service_does():
+    stories = [story(f"s{i}", 3) for i in range(4)]
+    one, _ = conversation_phases(stories, conversations=2, turns=3, seed=0)
+    searched: list[str] = []
+
+    requests = gold_history_requests(one, lambda text: searched.append(text) or len(searched))
+
+    first, second, third = requests[:3]
+    name = one.items[0].paragraph_id
+    assert first[0] == Conversation(f"{name} question 0?", (), "short")
+    assert [turn.content for turn in third[0].history] == [
+        f"{name} question 0?", "answer 0", f"{name} question 1?", "answer 1",
+    ]  # fmt: skip
+    assert (second[1], second[2], second[3]) == (2, "answer 1", 1)
+    # The service's default follow-up query: the last two user turns, then the question.
+    assert searched[2] == f"{name} question 0? {name} question 1? {name} question 2?"
+    # A new story starts a new history.
+    assert requests[3][0].history == ()
 
 
 def test_a_follow_up_carries_the_questions_and_the_services_answers_before_it(monkeypatch):

@@ -27,8 +27,8 @@ ROOT = Path(__file__).resolve().parents[4]
 sys.path.insert(0, str(ROOT))
 
 from bench.coqa import CACHE_DIR, COQA_FILENAME, INDEX_DIR, load  # noqa: E402
-from bench.reuse import conversation_phases  # noqa: E402
-from pipeline.messages import CompressionPlan, Conversation, Turn  # noqa: E402
+from bench.reuse import conversation_phases, gold_history_requests  # noqa: E402
+from pipeline.messages import CompressionPlan  # noqa: E402
 from prepare.continuation import SentTurns  # noqa: E402
 from prepare.preparation import PromptPreparer  # noqa: E402
 from prepare.prompt import DEFAULT_SYSTEM_PROMPT, SHORT_ANSWER_SYSTEM_PROMPT  # noqa: E402
@@ -56,19 +56,7 @@ def main() -> None:
         hybrid=HybridRetrievalConfig().to_params(),
     )
     tokenizer = AutoTokenizer.from_pretrained(READER)
-    work = []
-    history: list[Turn] = []
-    story = None
-    for item in phase.items:
-        if item.paragraph_id != story:
-            history, story = [], item.paragraph_id
-        recent = [turn.content for turn in history if turn.role == "user"][-2:]
-        retrieval = found.retrieve(" ".join([*recent, item.question]), 5)
-        answer = item.golds[0] if item.golds else "unknown"
-        work.append(
-            (Conversation(item.question, tuple(history), "short"), retrieval, answer, item.turn)
-        )
-        history += [Turn("user", item.question), Turn("assistant", answer)]
+    work = gold_history_requests(phase, lambda text: found.retrieve(text, 5))
 
     def ids(messages, generation: bool) -> list[int]:
         text = tokenizer.apply_chat_template(
