@@ -362,12 +362,17 @@ def test_coqa_requests_become_stories_with_their_turns_in_order():
         stories_from_requests([request("a", 0, [""])])
 
 
-def test_the_report_scores_conversation_answers_against_their_golds_paired_by_request():
-    items = [
+def conversation_items(gold: str, turns: int = 4) -> list[dict]:
+    """A saved conversation phase's items: one story's `turns` questions, each gold `gold`."""
+    return [
         {"question_id": f"s_turn{t}", "question": "?", "paragraph_id": "s", "warm": t > 0,
-         "turn": t, "golds": ["white cat"]}
-        for t in range(4)
+         "turn": t, "golds": [gold]}
+        for t in range(turns)
     ]  # fmt: skip
+
+
+def test_the_report_scores_conversation_answers_against_their_golds_paired_by_request():
+    items = conversation_items("white cat")
 
     def answered(*answers: str) -> list[dict]:
         return [record(100) | {"index": i, "answer": a} for i, a in enumerate(answers)]
@@ -391,11 +396,7 @@ def test_the_report_scores_conversation_answers_against_their_golds_paired_by_re
 
 
 def test_the_report_counts_the_follow_ups_whose_prompt_continued_the_one_before():
-    items = [
-        {"question_id": f"s_turn{t}", "question": "?", "paragraph_id": "s", "warm": t > 0,
-         "turn": t, "golds": ["x"]}
-        for t in range(4)
-    ]  # fmt: skip
+    items = conversation_items("x")
 
     def continued(*turns: int | None) -> list[dict]:
         return [
