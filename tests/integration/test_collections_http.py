@@ -318,10 +318,12 @@ def test_an_upload_past_the_keys_bytes_in_flight_is_refused_while_another_stream
     create(client, "upload-budget")
     url = "/v1/collections/upload-budget/documents"
     done = threading.Event()
+    sending = threading.Event()
     answers: list[httpx.Response] = []
 
     def slow_body() -> Iterator[bytes]:
         yield b'{"documents": ['
+        sending.set()  # its headers are sent: the next probe comes after them
         while not done.is_set():
             yield b" "
             time.sleep(0.05)
@@ -334,6 +336,9 @@ def test_an_upload_past_the_keys_bytes_in_flight_is_refused_while_another_stream
     holder = threading.Thread(target=hold)
     holder.start()
     try:
+        # A probe in flight when the held upload arrives takes part of the key's budget and
+        # the held one is refused (a CI run, 2026-12-06): probe only once it is on its way.
+        assert sending.wait(timeout=30)
         # Until the chunked upload has reached the ingress and holds its share. The holder
         # must still be sending then: if it was answered, its answer says why (a CI run once
         # polled 30 s here without seeing the reservation and never showed the holder's).
