@@ -253,6 +253,10 @@ class PreparedPrompt:
     # Earlier questions sent as the generator saw them, sources included (plan.reuse), so
     # the prompt continues the one before it (prepare.continuation).
     continued_turns: int = 0
+    # The chunk id of the passage that opens the prompt past the system prompt: a single
+    # question's first source, or a continued follow-up's first source of its first turn
+    # ("" where the prompt opens with something else: a history sent as text, no sources).
+    opening_passage: str = ""
     # Token counts of the prompt's parts (None where a prompt was built without them).
     layout: PromptLayout | None = None
 

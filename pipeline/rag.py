@@ -474,14 +474,15 @@ def _interrupted(exc: StageUnavailable) -> StageError:
 
 
 def routing_key(prepared: PreparedPrompt, collection: str) -> str:
-    """What opens the prompt past the system prompt, for the generator's request router: the
-    first earlier turn in a conversation (its later turns share that prefix), else the first
-    passage (questions that retrieve it first share it); with the system prompt itself, which
+    """What opens the prompt past the system prompt, for the generator's request router: its
+    opening passage (the first source, or a continued follow-up's first turn's: the
+    conversation's first question opened with it too), else the first earlier turn as text
+    (a conversation's later turns share that prefix); with the system prompt itself, which
     differs by answer style. "" for a prompt without either."""
-    if prepared.history_turns:
+    if prepared.opening_passage:
+        opening = f"{collection}\x00{prepared.opening_passage}"
+    elif prepared.history_turns:
         opening = prepared.messages[1]["content"]
-    elif prepared.sources:
-        opening = f"{collection}\x00{prepared.sources[0].chunk_id}"
     else:
         return ""
     system = prepared.messages[0]["content"]

@@ -35,6 +35,9 @@ class SentTurn:
     # Per passage (chunk id), the sentences the message showed of it: all of a passage sent
     # whole, those kept of one compressed by sentence selection (none known for LLMLingua's).
     shown: Mapping[str, frozenset[str]]
+    # The chunk id of the message's first source ("" for none): a prompt continued from
+    # this message opens with that passage, as this question's own prompt did.
+    first_source: str = ""
 
 
 def shown_sentences(turns: Iterable[SentTurn]) -> dict[str, frozenset[str]]:

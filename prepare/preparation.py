@@ -407,7 +407,7 @@ class PromptPreparer:
             sent = {chunk.chunk_id: frozenset(chunk.sentences) for chunk in kept if chunk.sentences}
             self._sent_turns.remember(
                 turn_key(scope, cleaned_history, question),
-                SentTurn(messages[-1]["content"], sent),
+                SentTurn(messages[-1]["content"], sent, kept[0].chunk_id if kept else ""),
             )
         return PreparedPrompt(
             messages=messages,
@@ -427,6 +427,7 @@ class PromptPreparer:
             reused_passages=reused,
             reused_passage_tokens=sum(text_tokens[:reused]),
             continued_turns=len(continued),
+            opening_passage=_opening_passage(history, continued, kept),
         )
 
     def _layout(
@@ -563,6 +564,20 @@ def _unshown(
         else:
             rest.append(chunk)
     return rest, gone
+
+
+def _opening_passage(
+    history: Sequence[Turn], continued: Sequence[SentTurn], kept: Sequence[ContextChunk]
+) -> str:
+    """The chunk id of the passage that opens the prompt past the system prompt (its
+    first source, or its first earlier turn's where that turn goes as it was sent), "" for
+    none: what a router keeps together, so that a conversation's follow-ups meet the
+    engine that prefilled its first question."""
+    if not history:
+        return kept[0].chunk_id if kept else ""
+    if continued and history[0].content == continued[0].content:
+        return continued[0].first_source
+    return ""
 
 
 def _passage_key(chunk: ContextChunk) -> str:

@@ -938,24 +938,33 @@ def test_invalid_markers_and_leaked_tags_never_reach_the_client():
     assert "bogus#9" not in answer and "<source" not in answer
 
 
-def test_the_routing_key_follows_the_first_passage_or_the_conversations_first_turn():
-    first = prepared_prompt()
-    # Another question whose first passage is the same: the same key.
+def test_the_routing_key_follows_the_opening_passage_or_the_conversations_first_turn():
+    plain = prepared_prompt()
+    first = replace(plain, opening_passage=plain.sources[0].chunk_id)
+    # Another question that opens with the same passage: the same key.
     other_question = replace(
         first, messages=[first.messages[0], {"role": "user", "content": "Other?"}]
     )
     assert routing_key(first, "docs") == routing_key(other_question, "docs")
     assert routing_key(first, "docs") != routing_key(first, "other-collection")
-    reordered = replace(first, sources=first.sources[::-1])
+    reordered = replace(first, opening_passage=plain.sources[-1].chunk_id)
     assert routing_key(first, "docs") != routing_key(reordered, "docs")
     # Another system prompt (answer style): another prefix, another key.
     styled = replace(first, messages=[{"role": "system", "content": "T"}, *first.messages[1:]])
     assert routing_key(first, "docs") != routing_key(styled, "docs")
 
-    # A conversation: its first turn opens every later prompt, whatever was retrieved.
+    # A conversation sent as text: its first turn opens every later prompt, whatever was
+    # retrieved.
     turn = {"role": "user", "content": "Earlier?"}
-    talk = replace(first, messages=[first.messages[0], turn, *first.messages[1:]], history_turns=1)
+    talk = replace(plain, messages=[plain.messages[0], turn, *plain.messages[1:]], history_turns=1)
     assert routing_key(talk, "docs") == routing_key(replace(talk, sources=()), "docs")
     assert routing_key(talk, "docs") != routing_key(first, "docs")
+    # A follow-up that continues the first prompt opens with its passage: the first
+    # question's key, so both meet the engine that prefilled it.
+    sent = {"role": "user", "content": first.messages[1]["content"]}
+    continued = replace(
+        first, messages=[first.messages[0], sent, *first.messages[1:]], history_turns=1
+    )
+    assert routing_key(continued, "docs") == routing_key(first, "docs")
 
-    assert routing_key(replace(first, sources=()), "docs") == ""
+    assert routing_key(plain, "docs") == ""

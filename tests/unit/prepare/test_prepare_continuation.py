@@ -100,6 +100,8 @@ def test_a_follow_up_continues_the_first_prompt_and_does_not_resend_its_whole_pa
     assert "doc3#0" in then.messages[-1]["content"] and "doc2#0" not in then.messages[-1]["content"]
     assert {s.chunk_id for s in then.sources} == {"doc2#0", "doc3#0"}
     assert then.context_tokens_before < asked.context_tokens_before
+    # It opens with the passage the first prompt opened with: the router's key for both.
+    assert asked.opening_passage == then.opening_passage == asked.sources[0].chunk_id
 
 
 def test_when_every_passage_was_shown_before_the_follow_up_says_so(chunks):
@@ -198,6 +200,8 @@ def test_without_reuse_or_a_remembered_turn_the_follow_up_is_laid_out_plainly(
     assert then.continued_turns == 0
     assert then.messages[1] == {"role": "user", "content": asked_before}
     assert {s.chunk_id for s in then.sources} == {"doc2#0", "doc3#0"}
+    # It opens with the first question as text: no passage opens it.
+    assert then.opening_passage == ""
 
 
 def test_a_continuation_that_would_crowd_out_new_passages_falls_back_to_the_plain_history(chunks):
