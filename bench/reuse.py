@@ -122,6 +122,18 @@ TWO_COMPRESSORS: dict[str, object] = {
     "compression.deployment.num_replicas": 2,
     "compression.deployment.num_cpus": 0.2,
 }
+DEFAULT_ROUTERS: dict[str, object] = {
+    "generator.request_router.kind": "power_of_two",
+    "compression.request_router.kind": "power_of_two",
+}
+AFFINITY_ROUTERS: dict[str, object] = {
+    "generator.request_router.kind": "passage_affinity",
+    "compression.request_router.kind": "conversation_affinity",
+}
+ONE_GENERATOR: dict[str, object] = {
+    "generator.deployment.num_replicas": 1,
+    "generator.cpu_binding": None,
+}
 SETTINGS = {
     "naive": Setting(
         "naive", {"generator.engine_kwargs.enable_prefix_caching": False}, "none", False
@@ -159,6 +171,14 @@ SETTINGS = {
     "reuse-passage": Setting(
         "reuse-passage", {"generator.request_router.kind": "passage_affinity"}, None, True
     ),
+    # Conversations over the scale profile (--config serve_config.scale.yaml: 2 generator
+    # replicas, 2-3 compressor replicas), the continued layout as shipped: Serve's default
+    # router at both stages, against the generator's passage router and the compressor's
+    # conversation router; and one generator replica (on both cores), whose cache hit rate
+    # is what two replicas should keep.
+    "reuse-2g": Setting("reuse-2g", DEFAULT_ROUTERS, None, True),
+    "reuse-2g-affinity": Setting("reuse-2g-affinity", AFFINITY_ROUTERS, None, True),
+    "reuse-1g": Setting("reuse-1g", {**AFFINITY_ROUTERS, **ONE_GENERATOR}, None, True),
 }
 # Pairs the report compares, where both sides ran.
 COMPARISONS = (
@@ -172,6 +192,9 @@ COMPARISONS = (
     ("today-b32", "today-b128"),
     ("reuse-passage", "reuse-p2c"),
     ("reuse-2c-conv", "reuse-2c"),
+    ("reuse-2g-affinity", "reuse-2g"),
+    ("reuse-2g-affinity", "reuse-1g"),
+    ("reuse-2g", "reuse-1g"),
 )
 # Serve's access log lines of a finished generator and compressor call: "rag_Generator
 # <replica> <request> -- CALL generate OK"; counted per replica, they give each replica's
