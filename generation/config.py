@@ -88,8 +88,9 @@ class RequestRouterConfig(StrictModel):
         "loaded of two random replicas); Ray Serve LLM's PrefixCacheAffinityRouter (the "
         "replica that already served the longest prefix of the prompt text, while loads "
         "are balanced); or passage_affinity (deployments.passage_router: the replica a "
-        "hash of the first passage, or of a conversation's first turn, points at, while "
-        "loads are balanced; no shared state).",
+        "hash of the passage that opens the prompt points at (a continued follow-up's: its "
+        "conversation's first), or of a conversation's first turn sent as text, while loads "
+        "are balanced; no shared state).",
     )
     imbalanced_threshold: float | None = Field(
         2.0,

@@ -195,6 +195,10 @@ class PromptPreparer:
             remembered_counts,
         )
 
+    def settle(self) -> None:
+        """Wait for the counts begun in the background (ChatTokens.count_ahead)."""
+        self._chat_tokens.settle()
+
     @property
     def sentence_store(self) -> SentenceStore | None:
         return self._sentence_store
@@ -409,6 +413,8 @@ class PromptPreparer:
                 turn_key(scope, cleaned_history, question),
                 SentTurn(messages[-1]["content"], sent, kept[0].chunk_id if kept else ""),
             )
+            # A follow-up's history holds this message: counted while the answer is made.
+            self._chat_tokens.count_ahead(dict(messages[-1]))
         return PreparedPrompt(
             messages=messages,
             layout=self._layout(system_prompt, conversation.answer_style, history, source_tokens),

@@ -3,6 +3,7 @@ message is tokenized once, and a template that does not add up is counted whole.
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 import pytest
@@ -103,6 +104,68 @@ def test_the_memory_of_message_counts_is_bounded() -> None:
     assert len(counter._messages) == 3
     with pytest.raises(ValueError):
         ChatTokens(ChatML(), capacity=0)
+    with pytest.raises(ValueError):
+        ChatTokens(ChatML(), ahead=0)
+
+
+def test_a_message_counted_ahead_is_not_tokenized_again_by_the_chat_that_holds_it() -> None:
+    tokenizer = ChatML()
+    counter = ChatTokens(tokenizer)
+    messages = conversation(2)
+    counter.count(messages[:2])
+    tokenizer.counted.clear()
+
+    counter.count_ahead(messages[3])  # the second question as it was sent
+    counter.settle()
+    assert tokenizer.counted.count(messages[3]["content"]) == 1
+
+    assert counter.count(messages) == tokenizer.count_chat(messages)
+    tokenizer.counted.clear()
+    counter.count(messages)
+    assert messages[3]["content"] not in tokenizer.counted
+
+
+class Held(ChatML):
+    """Counts only once let go, so that messages queue behind the first."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.hold = False
+        self.go = threading.Event()
+
+    def count_chat(self, messages, generation_prompt: bool = True) -> int:
+        if self.hold:
+            self.go.wait(10)
+        return super().count_chat(messages, generation_prompt)
+
+
+def test_messages_past_the_queues_bound_are_left_to_be_counted_by_their_chat() -> None:
+    tokenizer = Held()
+    counter = ChatTokens(tokenizer, ahead=1)
+    tokenizer.hold = True
+    one, two, three = ({"role": "user", "content": f"sent {n}"} for n in range(3))
+
+    counter.count_ahead(one)  # taken by the thread, which holds
+    while counter._ahead.qsize():
+        threading.Event().wait(0.01)
+    counter.count_ahead(two)  # waits in the queue
+    counter.count_ahead(three)  # past the bound: dropped, and count_ahead returned
+    tokenizer.go.set()
+    counter.settle()
+
+    assert "sent 1" in tokenizer.counted and "sent 2" not in tokenizer.counted
+    chat = [{"role": "system", "content": "S"}, three]
+    assert counter.count(chat) == tokenizer.count_chat(chat)
+
+
+def test_a_template_that_does_not_add_up_counts_nothing_ahead() -> None:
+    tokenizer = SystemFolded()
+    counter = ChatTokens(tokenizer)
+    tokenizer.counted.clear()
+
+    counter.count_ahead({"role": "user", "content": "sent"})
+    counter.settle()
+    assert tokenizer.counted == []
 
 
 @pytest.mark.models
