@@ -179,6 +179,14 @@ SETTINGS = {
     "reuse-2g": Setting("reuse-2g", DEFAULT_ROUTERS, None, True),
     "reuse-2g-affinity": Setting("reuse-2g-affinity", AFFINITY_ROUTERS, None, True),
     "reuse-1g": Setting("reuse-1g", {**AFFINITY_ROUTERS, **ONE_GENERATOR}, None, True),
+    # The scale profile's own generator router, Ray Serve LLM's prefix-cache-affine one
+    # (a continued follow-up's prompt text opens with the previous prompt's).
+    "reuse-2g-prefix": Setting(
+        "reuse-2g-prefix",
+        {**AFFINITY_ROUTERS, "generator.request_router.kind": "prefix_cache_affinity"},
+        None,
+        True,
+    ),
 }
 # Pairs the report compares, where both sides ran.
 COMPARISONS = (
@@ -195,6 +203,7 @@ COMPARISONS = (
     ("reuse-2g-affinity", "reuse-2g"),
     ("reuse-2g-affinity", "reuse-1g"),
     ("reuse-2g", "reuse-1g"),
+    ("reuse-2g-affinity", "reuse-2g-prefix"),
 )
 # Serve's access log lines of a finished generator and compressor call: "rag_Generator
 # <replica> <request> -- CALL generate OK"; counted per replica, they give each replica's
