@@ -262,3 +262,34 @@ def test_skip_shown_turns_leaves_out_only_what_the_last_turns_showed(chunks, ski
     assert {c for c in ("doc0#0", "doc1#0") if c in last} == sent_again
     assert ("no new sources" in last) == (not sent_again)
     assert {s.chunk_id for s in third.sources} == {"doc0#0", "doc1#0"}
+
+
+class CountingWords(WordTokenizer):
+    """Records the chats it renders to count."""
+
+    def __init__(self) -> None:
+        self.chats: list[list[dict[str, str]]] = []
+
+    def count_chat(self, messages, generation_prompt: bool = True) -> int:
+        self.chats.append(list(messages))
+        return super().count_chat(messages, generation_prompt)
+
+
+def test_a_sent_question_is_counted_ahead_so_its_follow_up_does_not_count_it(chunks):
+    tokenizer = CountingWords()
+    store, _ = corpus(*PLAIN_SPECS)
+    preparer = PromptPreparer(
+        tokenizer, PROMPTS, max_model_len=2048, sentence_store=store, sent_turns=SentTurns(16)
+    )
+    first = Conversation("Which alpha?")
+    asked = preparer.prepare(first, retrieval(*chunks[:3]), NONE, 64)
+    preparer.settle()
+    sent = asked.messages[-1]
+    assert any(sent in chat for chat in tokenizer.chats)  # counted, in the background
+
+    tokenizer.chats.clear()
+    then = preparer.prepare(
+        follow_up(first, "alpha0.", "And beta?"), retrieval(chunks[2], chunks[3]), NONE, 64
+    )
+    assert then.continued_turns == 1 and then.messages[1] == sent
+    assert not any(sent in chat for chat in tokenizer.chats)
