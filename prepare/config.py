@@ -169,10 +169,11 @@ class PassageReuseConfig(StrictModel):
         ge=0,
         description="A continued follow-up's retrieved passages leave out the sentences the "
         "last this-many turns of its prompt showed, and send again what older turns showed, "
-        "so that evidence sits near the question. 1 (the default): follow-ups' answers showed "
-        "no detectable difference from the plain layout's, at 0.91x its TTFT; None leaves out "
-        "what any turn showed (the fewest tokens, 0.77x, but a gold in detectably fewer "
-        "answers); 0 leaves out nothing (docs/benchmarks.md, conversations).",
+        "so that evidence sits near the question. 1 (the default): follow-ups at 0.82-0.91x "
+        "the plain layout's TTFT, answers no detectable difference pooled over four runs, "
+        "though a gold in fewer of them in one; None leaves out what any turn showed (the "
+        "fewest tokens, 0.77x, but a gold in detectably fewer answers); 0 leaves out "
+        "nothing (docs/benchmarks.md, conversations).",
     )
     remembered_turns: int = Field(
         4096,

@@ -3,8 +3,8 @@ conversation run read by the 1.5B in the short style: each follow-up paired with
 (each setting the mean of its runs, as bench.reuse's report does), the pairs of all runs
 together, the mean difference with its paired bootstrap 95% interval (bench.stats). A
 story asked in an earlier run of the list is left out of the later one's share of the pool
-(v11 and v13 drew 27 of the same stories; v15 none of any other's; v17, seed 2, see its
-line), so that no
+(v11 and v13 drew 27 of the same stories; v15 none of any other's; v17 and v19, seeds 2
+and 3, see their lines), so that no
 conversation counts twice; each run's own line keeps all of its follow-ups.
 
     cd docs/results/reuse/pooled-answers && ../../../../.venv/bin/python pooled.py > pooled.txt
@@ -34,6 +34,7 @@ RUNS = (
     "v13-conversation-last1",
     "v15-conversation-last1-c1",
     "v17-count-ahead-c1",
+    "v19-count-ahead-c4",
 )
 METRICS = {"F1": f1, "answer holds a gold": answer_survives}
 
