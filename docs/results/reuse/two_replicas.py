@@ -1,8 +1,8 @@
 """Cached share, TTFT p50 and p99 of follow-ups, setting against setting, from a bench.reuse
-conversation run's records (results.json beside this script).
+conversation run's records (the results.json in the run's folder, named first).
 
-    ../../../../.venv/bin/python two_replicas.py reuse-2g-affinity reuse-2g reuse-1g \
-        > two_replicas.txt
+    .venv/bin/python docs/results/reuse/two_replicas.py docs/results/reuse/v16-two-generators \
+        reuse-2g-affinity reuse-2g reuse-1g > docs/results/reuse/v16-two-generators/two_replicas.txt
 
 Per setting, the follow-ups continued (usage.continued_turns > 0) and, of those, the ones
 prefilled away from the engine that held the turn before (cached tokens under half of the
@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 
 HERE = Path(__file__).resolve().parent
-ROOT = HERE.parents[3]
+ROOT = HERE.parents[2]
 sys.path.insert(0, str(ROOT))
 
 from bench import stats  # noqa: E402
@@ -83,8 +83,8 @@ def interval(statistic, a, b) -> stats.Interval:
 
 
 def main() -> None:
-    names = sys.argv[1:]
-    doc = json.loads((HERE / "results.json").read_text())
+    run, *names = sys.argv[1:]
+    doc = json.loads((Path(run) / "results.json").read_text())
     data = {name: follow_ups(doc, name) for name in names}
     for name, (cached, prompt, ttft) in data.items():
         print(
