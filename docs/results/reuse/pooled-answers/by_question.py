@@ -1,7 +1,7 @@
 """The shipped continued layout's (reuse-last1) answers against today's, by question of the
 conversation: per run and over all, the follow-ups whose answer held a gold under one
 layout and not the other (each run's single service a setting; every follow-up counted,
-stories shared between runs included).
+stories shared between runs included). The runs are pooled.py's that ran reuse-last1.
 
     cd docs/results/reuse/pooled-answers
     ../../../../.venv/bin/python by_question.py > by_question.txt
@@ -13,17 +13,15 @@ import json
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[4]
-sys.path.insert(0, str(ROOT))
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[3]
+sys.path[:0] = [str(ROOT), str(HERE)]
+
+from pooled import RUNS  # noqa: E402
 
 from bench.squad_metrics import answer_survives  # noqa: E402
 
-RUNS = (
-    "v13-conversation-last1",
-    "v15-conversation-last1-c1",
-    "v17-count-ahead-c1",
-    "v19-count-ahead-c4",
-)
+SETTING = "reuse-last1"
 
 
 def holds(record: dict, item: dict) -> bool:
@@ -36,10 +34,12 @@ def main() -> None:
         doc = json.loads((ROOT / "docs/results/reuse" / run / "results.json").read_text())
         for phase in doc["phases"]:
             items = phase["items"]
-            today, reuse = (
-                next(r["records"][phase["name"]] for r in doc["runs"] if r["setting"] == name)
-                for name in ("today", "reuse-last1")
-            )
+            records: dict[str, list[dict]] = {}
+            for run_of in doc["runs"]:  # a setting's first service, if it had more
+                records.setdefault(run_of["setting"], run_of["records"][phase["name"]])
+            if SETTING not in records:
+                continue
+            today, reuse = records["today"], records[SETTING]
             for turn in sorted({item["turn"] for item in items if item["warm"]}):
                 chosen = [i for i, item in enumerate(items) if item["turn"] == turn]
                 lost = sum(holds(today[i], items[i]) and not holds(reuse[i], items[i])
