@@ -19,6 +19,10 @@ reader the stored figures were read by (bench.suite.MEASURED_WITH, SmolLM2 in fp
   even the sentences earlier turns showed (`compression.reuse.skip_shown_turns: 0`);
 - reuse-last1: reuse whose continued follow-ups leave out only what the turn before showed
   (`compression.reuse.skip_shown_turns: 1`, the service's default);
+- reuse-top1: reuse-last1 whose continued follow-ups send their top passage as compressed
+  even where the turn before showed it (`compression.reuse.resend_top_passages: 1`);
+- reuse-pointer: reuse-last1 whose continued follow-ups leave a note where a passage left
+  out as shown ranks (`compression.reuse.point_to_shown`);
 - reuse-2c, reuse-2c-conv: reuse over two compressor replicas, under Serve's default router
   and under the conversation router (`compression.request_router`).
 `today` and `reuse` run twice, in the order today, reuse, reuse, today, so drift over the
@@ -117,6 +121,9 @@ class Setting:
 
 
 LEAVE_OUT_ALL_SHOWN: dict[str, object] = {"compression.reuse.skip_shown_turns": None}
+LAST_TURN_SHOWN: dict[str, object] = {"compression.reuse.skip_shown_turns": 1}
+RESEND_TOP: dict[str, object] = {"compression.reuse.resend_top_passages": 1}
+POINT_TO_SHOWN: dict[str, object] = {"compression.reuse.point_to_shown": True}
 TWO_COMPRESSORS: dict[str, object] = {
     **LEAVE_OUT_ALL_SHOWN,
     "compression.deployment.num_replicas": 2,
@@ -147,7 +154,13 @@ SETTINGS = {
     "reuse-repeat": Setting("reuse-repeat", {"compression.reuse.skip_shown_turns": 0}, None, True),
     # Conversations continued, leaving out only what the previous turn showed: what older
     # turns showed goes again, beside the question (compression.reuse.skip_shown_turns: 1).
-    "reuse-last1": Setting("reuse-last1", {"compression.reuse.skip_shown_turns": 1}, None, True),
+    "reuse-last1": Setting("reuse-last1", LAST_TURN_SHOWN, None, True),
+    # reuse-last1, and the question's top passage sent beside it even where the previous
+    # turn showed it (compression.reuse.resend_top_passages: 1).
+    "reuse-top1": Setting("reuse-top1", {**LAST_TURN_SHOWN, **RESEND_TOP}, None, True),
+    # reuse-last1, and each passage it leaves out as shown named in its rank's place, its
+    # text a note that it is above (compression.reuse.point_to_shown).
+    "reuse-pointer": Setting("reuse-pointer", {**LAST_TURN_SHOWN, **POINT_TO_SHOWN}, None, True),
     # Two compressor replicas, each remembering only the turns it prepared: Serve's default
     # router against the conversation router (deployments.conversation_router). Their
     # scheduling label lowered so that both fit the 2-core default beside the generator.
@@ -195,6 +208,11 @@ COMPARISONS = (
     ("reuse-repeat", "reuse"),
     ("reuse-last1", "today"),
     ("reuse-last1", "reuse"),
+    ("reuse-top1", "today"),
+    ("reuse-pointer", "today"),
+    ("reuse-top1", "reuse-last1"),
+    ("reuse-pointer", "reuse-last1"),
+    ("reuse-pointer", "reuse-top1"),
     ("reuse", "naive"),
     ("today", "naive"),
     ("today-b32", "today-b128"),

@@ -82,6 +82,8 @@ class CompressorDeployment:
                 else None
             ),
             skip_shown_turns=compression.reuse.skip_shown_turns,
+            resend_top_passages=compression.reuse.resend_top_passages,
+            point_to_shown=compression.reuse.point_to_shown,
         )
         self._attributor: Attributor | None = None
         if config.citations.enabled:

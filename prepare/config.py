@@ -175,6 +175,21 @@ class PassageReuseConfig(StrictModel):
         "fewest tokens, 0.77x, but a gold in detectably fewer answers); 0 leaves out "
         "nothing (docs/benchmarks.md, conversations).",
     )
+    resend_top_passages: int = Field(
+        0,
+        ge=0,
+        description="A continued follow-up's top this-many retrieved passages go beside "
+        "the question as its compression keeps them, even where the last turns showed "
+        "them: the best evidence next to the question, for that passage's prefill "
+        "(docs/benchmarks.md, conversations).",
+    )
+    point_to_shown: bool = Field(
+        False,
+        description="A retrieved passage a continued follow-up leaves out because the "
+        "last turns showed it leaves a short note in its rank's place, its source tag "
+        "saying it is above, so the reader knows where the best evidence is "
+        "(docs/benchmarks.md, conversations).",
+    )
     remembered_turns: int = Field(
         4096,
         ge=0,

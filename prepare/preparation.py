@@ -26,7 +26,7 @@ from pipeline.messages import (
     StageTiming,
     Turn,
 )
-from prepare.budget import context_budget_tokens, fit_to_budget
+from prepare.budget import context_budget_tokens, fence_tokens, fit_to_budget
 from prepare.chat_tokens import ChatTokens
 from prepare.compression import ChunkCompressor, count_context_tokens
 from prepare.context import ContextChunk
@@ -35,6 +35,7 @@ from prepare.cost_model import CompressionCostModel
 from prepare.llmlingua_compressor import LLMLinguaCompressor, LLMLinguaOptions, ScorerDType
 from prepare.methods import NO_COMPRESSION, ContextSize, compress_chunks, decide, get_method
 from prepare.prompt import (
+    SHOWN_ABOVE,
     SOURCE_SEPARATOR,
     SOURCES_HEADING,
     build_messages,
@@ -101,6 +102,8 @@ class PromptPreparer:
         sent_turns: SentTurns | None = None,
         skip_shown_turns: int | None = None,
         remembered_counts: int = 16384,
+        resend_top_passages: int = 0,
+        point_to_shown: bool = False,
     ) -> None:
         self._tokenizer = tokenizer
         # Prompts' counts from their messages' (a continued history's sent questions are
@@ -118,6 +121,10 @@ class PromptPreparer:
         # A continued follow-up's passages leave out the sentences the last
         # `skip_shown_turns` continued turns showed (None: any of them; 0: none).
         self._skip_shown_turns = skip_shown_turns
+        # Its top `resend_top_passages` passages go whatever was shown; what it leaves out
+        # as shown leaves a note in its place where `point_to_shown`.
+        self._resend_top_passages = resend_top_passages
+        self._point_to_shown = point_to_shown
         # prepare() runs on several threads at once (asyncio.to_thread); the view is shared.
         self._passage_cache_lock = threading.Lock()
         self._system_prompts = dict(system_prompts)
@@ -165,6 +172,8 @@ class PromptPreparer:
         sent_turns: SentTurns | None = None,
         skip_shown_turns: int | None = None,
         remembered_counts: int = 16384,
+        resend_top_passages: int = 0,
+        point_to_shown: bool = False,
     ) -> PromptPreparer:
         """Load what preparation needs: the serving tokenizer, the index's sentence store
         (for sentence selection) and LLMLingua's scorer, each only when given;
@@ -193,6 +202,8 @@ class PromptPreparer:
             sent_turns,
             skip_shown_turns,
             remembered_counts,
+            resend_top_passages,
+            point_to_shown,
         )
 
     def settle(self) -> None:
@@ -262,6 +273,8 @@ class PromptPreparer:
         # as the plain layout would send them, after the continued history).
         skip = len(sent) if self._skip_shown_turns is None else self._skip_shown_turns
         shown = shown_sentences(sent[max(len(sent) - skip, 0) :])
+        for chunk in chunks[: self._resend_top_passages]:
+            shown.pop(chunk.chunk_id, None)
         new: list[ContextChunk] = []
         old: list[ContextChunk] = []
         for chunk in chunks:
@@ -318,6 +331,7 @@ class PromptPreparer:
         cleaned_history = self._cleaned(conversation.history)
         history = self._fit_cleaned(cleaned_history)
         chunks, no_sentences = self._context_chunks(retrieval)
+        rank = {chunk.chunk_id: index for index, chunk in enumerate(chunks)}
         if reason := self._unmet_need(plan, no_sentences):
             plan, degraded = replace(plan, method=NO_COMPRESSION), degraded or reason
         count = self._count
@@ -393,20 +407,22 @@ class PromptPreparer:
             compressed, all_shown = _unshown(compressed, shown_before)
             shown += all_shown
         compress_ms = (time.perf_counter() - compress_started) * 1000
-        kept, truncated = fit_to_budget(compressed, count, budget)
-        # Each kept passage's text tokens, and as rendered in its source tags: counted once
-        # for the usage figures, the layout and the reuse view alike.
-        text_tokens = [count(chunk.text) for chunk in kept]
+        notes = self._shown_notes(shown, budget) if continued else []
+        kept, truncated = fit_to_budget(compressed, count, budget - _sources_cost(notes, count))
+        rendered = _with_notes(kept, notes, rank)  # the sources as the prompt shows them
+        # Each rendered passage's text tokens, and as rendered in its source tags: counted
+        # once for the usage figures, the layout and the reuse view alike.
+        text_tokens = [count(chunk.text) for chunk in rendered]
         source_tokens = [
             tokens + count(render_context([replace(chunk, text="")]))
-            for chunk, tokens in zip(kept, text_tokens, strict=True)
+            for chunk, tokens in zip(rendered, text_tokens, strict=True)
         ]
         reused = 0
         if reuse_root is not None:
             self._record_sent(reuse_root, kept, source_tokens)
             pairs = zip(kept, whole[:predicted_cached], strict=False)
             reused = sum(1 for _ in itertools.takewhile(lambda pair: pair[0] == pair[1], pairs))
-        messages = build_messages(system_prompt, kept, question, history, bool(shown))
+        messages = build_messages(system_prompt, rendered, question, history, bool(shown))
         if remembers and self._sent_turns is not None:
             sent = {chunk.chunk_id: frozenset(chunk.sentences) for chunk in kept if chunk.sentences}
             self._sent_turns.remember(
@@ -435,6 +451,14 @@ class PromptPreparer:
             continued_turns=len(continued),
             opening_passage=_opening_passage(history, continued, kept),
         )
+
+    def _shown_notes(self, shown: Sequence[ContextChunk], budget: int) -> list[ContextChunk]:
+        """Where `point_to_shown`, a note for each passage left out as shown (its source
+        tag around SHOWN_ABOVE); none where they would leave the budget nothing."""
+        if not self._point_to_shown:
+            return []
+        notes = [chunk.with_text(SHOWN_ABOVE) for chunk in shown]
+        return notes if _sources_cost(notes, self._count) < budget else []
 
     def _layout(
         self,
@@ -570,6 +594,25 @@ def _unshown(
         else:
             rest.append(chunk)
     return rest, gone
+
+
+def _sources_cost(chunks: Sequence[ContextChunk], count: Callable[[str], int]) -> int:
+    """What `chunks` take of the sources budget (fit_to_budget's cost of each)."""
+    return sum(count(chunk.text) + fence_tokens(chunk, count) for chunk in chunks)
+
+
+def _with_notes(
+    kept: Sequence[ContextChunk], notes: Sequence[ContextChunk], rank: Mapping[str, int]
+) -> list[ContextChunk]:
+    """`kept` in its order, each note before the first kept passage ranked below it."""
+    last = len(rank)
+    waiting = sorted(notes, key=lambda note: rank.get(note.chunk_id, last))
+    placed: list[ContextChunk] = []
+    for chunk in kept:
+        while waiting and rank.get(waiting[0].chunk_id, last) < rank.get(chunk.chunk_id, last):
+            placed.append(waiting.pop(0))
+        placed.append(chunk)
+    return placed + waiting
 
 
 def _opening_passage(

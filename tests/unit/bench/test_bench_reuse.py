@@ -111,6 +111,15 @@ def test_each_setting_asks_what_it_stands_for():
     assert SETTINGS["reuse"].overrides == {"compression.reuse.skip_shown_turns": None}
     for name, skip in (("reuse-repeat", 0), ("reuse-last1", 1)):
         assert SETTINGS[name].overrides == {"compression.reuse.skip_shown_turns": skip}
+    last1 = SETTINGS["reuse-last1"].overrides
+    assert SETTINGS["reuse-top1"].overrides == {
+        **last1,
+        "compression.reuse.resend_top_passages": 1,
+    }
+    assert SETTINGS["reuse-pointer"].overrides == {
+        **last1,
+        "compression.reuse.point_to_shown": True,
+    }
 
 
 def test_the_ratio_is_the_median_per_request_ratio_and_skips_missing_pairs():

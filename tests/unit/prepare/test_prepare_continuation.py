@@ -3,14 +3,17 @@ its prompt continues the prompt before it; through PromptPreparer with a word to
 
 from __future__ import annotations
 
+import re
 from dataclasses import replace
 
 import pytest
 from test_prepare_preparation import PLAIN_SPECS, PROMPTS, WordTokenizer, corpus, retrieval
 
 from pipeline.messages import CompressionPlan, Conversation, Turn
+from prepare.context import ContextChunk
 from prepare.continuation import SentTurn, SentTurns, turn_key, turn_scope
-from prepare.preparation import PromptPreparer
+from prepare.preparation import PromptPreparer, _with_notes
+from prepare.prompt import SHOWN_ABOVE
 from prepare.reuse import PassageCacheView
 
 NONE = CompressionPlan("none", reuse=True)
@@ -61,7 +64,10 @@ def test_only_remembered_user_turns_are_replaced_and_keys_follow_the_whole_histo
 
 
 def preparer(
-    sent_turns: SentTurns | None, max_model_len: int = 2048, skip_shown_turns: int | None = None
+    sent_turns: SentTurns | None,
+    max_model_len: int = 2048,
+    skip_shown_turns: int | None = None,
+    **options,
 ) -> PromptPreparer:
     store, _ = corpus(*PLAIN_SPECS)
     return PromptPreparer(
@@ -72,6 +78,7 @@ def preparer(
         passage_cache=PassageCacheView(10_000, seed_after=1),
         sent_turns=sent_turns,
         skip_shown_turns=skip_shown_turns,
+        **options,
     )
 
 
@@ -262,6 +269,60 @@ def test_skip_shown_turns_leaves_out_only_what_the_last_turns_showed(chunks, ski
     assert {c for c in ("doc0#0", "doc1#0") if c in last} == sent_again
     assert ("no new sources" in last) == (not sent_again)
     assert {s.chunk_id for s in third.sources} == {"doc0#0", "doc1#0"}
+
+
+def source_ids(content: str) -> list[str]:
+    """The source ids of a user message, in the order it shows them."""
+    return re.findall(r'<source id="([^"]+)"', content)
+
+
+def test_resend_top_passages_sends_the_top_passage_again_beside_the_question(chunks):
+    prepare = preparer(SentTurns(16), skip_shown_turns=1, resend_top_passages=1).prepare
+    first = Conversation("Which alpha?")
+    prepare(first, retrieval(chunks[0], chunks[1]), NONE, 64)  # shows doc0 and doc1 whole
+    then = prepare(follow_up(first, "alpha0.", "And beta?"), retrieval(*chunks[:3]), NONE, 64)
+
+    assert then.continued_turns == 1
+    # doc0 ranks first: sent again whole; doc1, shown and ranked below it, is left out.
+    assert source_ids(then.messages[-1]["content"]) == ["doc0#0", "doc2#0"]
+    assert "alpha0 beta gamma delta." in then.messages[-1]["content"]
+    assert sorted(s.chunk_id for s in then.sources) == ["doc0#0", "doc1#0", "doc2#0"]
+
+
+def test_point_to_shown_leaves_a_note_where_a_shown_passage_ranks(chunks):
+    prepare = preparer(SentTurns(16), skip_shown_turns=1, point_to_shown=True).prepare
+    first = Conversation("Which alpha?")
+    asked = prepare(first, retrieval(chunks[1], chunks[3]), NONE, 64)  # doc1 and doc3 whole
+    second = follow_up(first, "alpha1.", "And beta?")
+    then = prepare(second, retrieval(*chunks[:4]), NONE, 64)
+
+    last = then.messages[-1]["content"]
+    # In rank order: doc0 new, doc1 a note, doc2 new, doc3 a note.
+    assert source_ids(last) == ["doc0#0", "doc1#0", "doc2#0", "doc3#0"]
+    assert last.count(SHOWN_ABOVE) == 2 and "alpha1 beta" not in last
+    assert then.messages[1]["content"] == asked.messages[-1]["content"]
+    # The notes are counted as sent (after the user message's 2-token opening), and cited
+    # as the passages they stand for, once each.
+    sources_block = last[: last.index("\n\nQuestion:")]
+    assert then.layout.passages == 2 + WordTokenizer().count(sources_block)
+    assert sorted(s.chunk_id for s in then.sources) == ["doc0#0", "doc1#0", "doc2#0", "doc3#0"]
+    assert all(s.text != SHOWN_ABOVE for s in then.sources)
+    # A note shows nothing: a third question may leave out only what this one sent.
+    history = (*second.history, Turn("user", "And beta?"), Turn("assistant", "beta0."))
+    third = prepare(Conversation("Both?", history), retrieval(chunks[1], chunks[0]), NONE, 64)
+    assert source_ids(third.messages[-1]["content"]) == ["doc1#0", "doc0#0"]
+    assert third.messages[-1]["content"].count(SHOWN_ABOVE) == 1  # doc0, shown by the second
+
+
+def test_notes_go_before_the_first_kept_passage_ranked_below_them_and_keep_its_order():
+    def chunk(name: str) -> ContextChunk:
+        return ContextChunk(name, name, name, name, 0.0)
+
+    rank = {name: index for index, name in enumerate("abcde")}
+    kept = [chunk("d"), chunk("b")]  # not in rank order: left as it is
+    placed = _with_notes(kept, [chunk("e"), chunk("c"), chunk("a")], rank)
+    assert [c.chunk_id for c in placed] == ["a", "c", "d", "b", "e"]
+    assert _with_notes(kept, [], rank) == kept
 
 
 class CountingWords(WordTokenizer):
