@@ -92,6 +92,11 @@ def deployment_options(replica: ReplicaConfig, retry_after_s: float = 1.0) -> di
     return options
 
 
+def router_config(router_class: str, **kwargs: Any) -> dict[str, Any]:
+    """A deployment's `request_router_config`: the router's import path and its kwargs."""
+    return {"request_router_class": router_class, "request_router_kwargs": kwargs}
+
+
 def compressor_options(
     compression: CompressionConfig, retry_after_s: float = 1.0
 ) -> dict[str, Any]:
@@ -99,10 +104,9 @@ def compressor_options(
     options = deployment_options(compression.deployment, retry_after_s)
     router = compression.request_router
     if router.kind == "conversation_affinity":
-        options["request_router_config"] = {
-            "request_router_class": CONVERSATION_AFFINITY_ROUTER,
-            "request_router_kwargs": {"max_queue_gap": router.max_queue_gap},
-        }
+        options["request_router_config"] = router_config(
+            CONVERSATION_AFFINITY_ROUTER, max_queue_gap=router.imbalanced_threshold
+        )
     return options
 
 
@@ -156,15 +160,11 @@ def generator_llm_config(generator: GeneratorConfig, retry_after_s: float = 1.0)
         kwargs: dict[str, Any] = {"match_rate_threshold": router.match_rate_threshold}
         if router.imbalanced_threshold is not None:
             kwargs["imbalanced_threshold"] = router.imbalanced_threshold
-        deployment["request_router_config"] = {
-            "request_router_class": PREFIX_CACHE_AFFINITY_ROUTER,
-            "request_router_kwargs": kwargs,
-        }
+        deployment["request_router_config"] = router_config(PREFIX_CACHE_AFFINITY_ROUTER, **kwargs)
     elif router.kind == "passage_affinity":
-        deployment["request_router_config"] = {
-            "request_router_class": PASSAGE_AFFINITY_ROUTER,
-            "request_router_kwargs": {"max_queue_gap": router.imbalanced_threshold},
-        }
+        deployment["request_router_config"] = router_config(
+            PASSAGE_AFFINITY_ROUTER, max_queue_gap=router.imbalanced_threshold
+        )
     llm_config: dict[str, Any] = {
         "model_loading_config": {
             "model_id": generator.model_id,

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, Field, model_validator
+from pydantic import AfterValidator, AliasChoices, Field, model_validator
 
 from pipeline.config_base import PROJECT_ROOT, ReplicaConfig, StrictModel, resolve_path
 from pipeline.messages import AnswerStyle, CompressionPolicy
@@ -33,11 +33,13 @@ class CompressorRouterConfig(StrictModel):
         "remembers only the turns it prepared, so with compression.reuse and 2+ compressor "
         "replicas a follow-up is continued only where its conversation was prepared.",
     )
-    max_queue_gap: float | None = Field(
+    imbalanced_threshold: float | None = Field(
         2.0,
         ge=0,
+        # The generator router's name for the same bound; max_queue_gap until 2026-12-06.
+        validation_alias=AliasChoices("imbalanced_threshold", "max_queue_gap"),
         description="conversation_affinity: queue-length gap past which load wins over "
-        "affinity (None: affinity always wins).",
+        "affinity (None: affinity always wins), as generator.request_router's.",
     )
 
 

@@ -192,11 +192,12 @@ def test_passage_affinity_routes_with_the_projects_router(gap, max_queue_gap):
     }
 
 
+@pytest.mark.parametrize("name", ["imbalanced_threshold", "max_queue_gap"])  # and its old name
 @pytest.mark.parametrize(("gap", "max_queue_gap"), [(None, None), (3, 3)])
-def test_conversation_affinity_routes_compressor_calls_with_the_projects_router(gap, max_queue_gap):
-    compression = CompressionConfig(
-        request_router={"kind": "conversation_affinity", "max_queue_gap": gap}
-    )
+def test_conversation_affinity_routes_compressor_calls_with_the_projects_router(
+    gap, max_queue_gap, name
+):
+    compression = CompressionConfig(request_router={"kind": "conversation_affinity", name: gap})
 
     assert compressor_options(compression)["request_router_config"] == {
         "request_router_class": CONVERSATION_AFFINITY_ROUTER,
