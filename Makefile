@@ -81,7 +81,6 @@ models-quantized: models-qwen models-qwen15 $(QUANTIZE_INSTALLED)
 # AMX it measured 0.76x make run's TTFT and 0.61x its TPOT with no detectable change in its
 # answers (docs/quantization.md, "INT8 through the service"). Made once, about 8 minutes and
 # 11 GB of memory here; not measured on a CPU without AMX, where make run stays the choice.
-INT8_READER := .models/qwen2.5-coder-1.5b-instruct-w8a8-rtn
 INT8_CONFIG := .cache/variants/serve_config.int8.yaml
 models-int8: models-qwen15 $(QUANTIZE_INSTALLED)
 	$(QUANTIZE_VENV)/bin/python -m scripts.quantize_models \
@@ -89,8 +88,7 @@ models-int8: models-qwen15 $(QUANTIZE_INSTALLED)
 
 run-int8: setup models-int8
 	$(BIN)/python -m harness.variant --base serve_config.yaml --out $(INT8_CONFIG) \
-		--set generator.model_id=qwen2.5-coder-1.5b-instruct-w8a8-rtn \
-		--set generator.model_source=$(INT8_READER) --set generator.engine_kwargs.dtype=bfloat16
+		--preset int8
 	$(BIN)/serve run $(INT8_CONFIG)
 
 index: $(INDEX)

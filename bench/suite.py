@@ -22,6 +22,7 @@ from bench import latency, quality
 from bench.labs import SMOLLM2_GENERATOR, positive_int, reader, variant_service
 from bench.plots import write_plots
 from harness.service import ROOT
+from harness.variant import PRESETS
 
 logger = logging.getLogger(__name__)
 
@@ -205,13 +206,7 @@ QUALITY_PLANS: dict[str, QualityPlan] = {
     # bench-int8-service), 32 random questions (seed 0) of the SQuAD sample, the same in all
     # four, paired in bench.quality_report abba.
     "default-bf16": as_shipped(32),
-    "default-int8": as_shipped(
-        32,
-        {
-            **reader("qwen2.5-coder-1.5b-instruct-w8a8-rtn"),
-            "generator.engine_kwargs.dtype": "bfloat16",
-        },
-    ),
+    "default-int8": as_shipped(32, PRESETS["int8"]),
     # make run as shipped with its engine's OpenMP threads on both cores (vLLM's default
     # binding keeps one thread and leaves the other core to the rest), one question at a time:
     # against default-bf16 in ABBA order, 16 questions each (--questions 16).

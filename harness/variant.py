@@ -5,7 +5,8 @@
         --set compression.default_method=none --out .cache/variants/squad.yaml [--port 8001]
 
 Each `--set key=value` names a key under `applications[0].args` (the tree `app.config`
-validates) with dots, e.g. `generator.engine_kwargs.dtype=bfloat16`; the value is read as a
+validates) with dots, e.g. `generator.engine_kwargs.dtype=bfloat16` (`--preset NAME` sets a
+named group of them first, e.g. int8: make run-int8's reader); the value is read as a
 YAML scalar (`3` is an int, `false` a bool, `[1, 2]` a list). The result is validated with
 `app.config.parse_config` before it is written, so a misspelt key fails here, naming the key,
 and not minutes later when the service starts. `--port` sets `http_options.port`.
@@ -23,6 +24,17 @@ from typing import Any
 import yaml
 
 from app.config import ConfigError, parse_config
+
+# Override sets that a make target and a benchmark both serve (`--preset`), kept in one place.
+PRESETS: dict[str, dict[str, Any]] = {
+    # make run's reader as its INT8 checkpoint (make models-int8), served in bf16 (make
+    # run-int8; bench.suite's default-int8).
+    "int8": {
+        "generator.model_id": "qwen2.5-coder-1.5b-instruct-w8a8-rtn",
+        "generator.model_source": ".models/qwen2.5-coder-1.5b-instruct-w8a8-rtn",
+        "generator.engine_kwargs.dtype": "bfloat16",
+    },
+}
 
 
 class VariantError(ValueError):
@@ -131,11 +143,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         metavar="KEY=VALUE",
         help="override under applications[0].args, e.g. retriever.default_top_k=3 (repeatable)",
     )
+    parser.add_argument(
+        "--preset",
+        choices=sorted(PRESETS),
+        help="a named set of overrides (PRESETS), applied before --set",
+    )
     parser.add_argument("--port", type=int, default=None, help="http_options.port")
     parser.add_argument("--out", type=Path, required=True, help="variant YAML to write")
     args = parser.parse_args(argv)
     try:
-        overrides = dict(parse_assignment(text) for text in args.assignments)
+        overrides = dict(PRESETS.get(args.preset, {}))
+        overrides.update(parse_assignment(text) for text in args.assignments)
         out = write_variant(args.base, overrides, args.out, port=args.port)
     except (ConfigError, VariantError, OSError, yaml.YAMLError) as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -581,6 +581,18 @@ def test_variant_cli_reads_values_as_yaml_scalars(tmp_path, capsys):
     assert "unknown key 'generator.modelid'" in capsys.readouterr().err
 
 
+def test_a_preset_sets_its_overrides_and_set_overrides_them(tmp_path):
+    out = tmp_path / "v.yaml"
+    argv = ["--base", str(BASE_CONFIG), "--out", str(out), "--preset", "int8"]
+    assert variant_main([*argv, "--set", "generator.engine_kwargs.dtype=float32"]) == 0
+    generator = yaml.safe_load(out.read_text())["applications"][0]["args"]["generator"]
+    assert generator["model_id"] == "qwen2.5-coder-1.5b-instruct-w8a8-rtn"
+    assert generator["model_source"] == ".models/qwen2.5-coder-1.5b-instruct-w8a8-rtn"
+    assert generator["engine_kwargs"]["dtype"] == "float32"
+    with pytest.raises(SystemExit):
+        variant_main([*argv[:4], "--preset", "int3"])
+
+
 def test_any_squad_format_file_can_be_prepared_and_run(tmp_path, monkeypatch, fake_fetch):
     other = tmp_path / "my-set.json"
     other.write_text(json.dumps(TINY_SQUAD), encoding="utf-8")
