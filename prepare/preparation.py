@@ -100,7 +100,7 @@ class PromptPreparer:
         collection_stores: CollectionStores | None = None,
         passage_cache: PassageCacheView | None = None,
         sent_turns: SentTurns | None = None,
-        skip_shown_turns: int | None = None,
+        skip_shown_turns: int | None = 1,
         remembered_counts: int = 16384,
         resend_top_passages: int = 0,
         point_to_shown: bool = False,
@@ -119,7 +119,8 @@ class PromptPreparer:
         self._passage_cache = passage_cache
         self._sent_turns = sent_turns
         # A continued follow-up's passages leave out the sentences the last
-        # `skip_shown_turns` continued turns showed (None: any of them; 0: none).
+        # `skip_shown_turns` continued turns showed (None: any of them; 0: none; 1, as
+        # compression.reuse's default: the turn before).
         self._skip_shown_turns = skip_shown_turns
         # Its top `resend_top_passages` passages go whatever was shown; what it leaves out
         # as shown leaves a note in its place where `point_to_shown`.
@@ -170,7 +171,7 @@ class PromptPreparer:
         collection_stores: CollectionStores | None = None,
         passage_cache: PassageCacheView | None = None,
         sent_turns: SentTurns | None = None,
-        skip_shown_turns: int | None = None,
+        skip_shown_turns: int | None = 1,
         remembered_counts: int = 16384,
         resend_top_passages: int = 0,
         point_to_shown: bool = False,
@@ -439,7 +440,8 @@ class PromptPreparer:
             sources=tuple(chunk.as_source() for chunk in (*kept, *shown)),
             method=plan.method,
             context_tokens_before=tokens_before,
-            context_tokens_after=sum(text_tokens),
+            # What compression kept: the notes stand for passages, they are not kept of them.
+            context_tokens_after=sum(text_tokens) - sum(count(note.text) for note in notes),
             compress_ms=compress_ms,
             truncated=truncated,
             timing=StageTiming(started_at_s, (time.perf_counter() - started) * 1000),

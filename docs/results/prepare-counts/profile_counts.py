@@ -74,6 +74,7 @@ def compare(name: str, work, index: Path, reuse: bool) -> None:
             2048,
             index_path=index,
             sent_turns=SentTurns(4096),
+            skip_shown_turns=None,  # leave out what any turn showed, as when this was measured
             remembered_counts=remembered_counts,
         )
 

@@ -3,6 +3,7 @@ its prompt continues the prompt before it; through PromptPreparer with a word to
 
 from __future__ import annotations
 
+import inspect
 import re
 from dataclasses import replace
 
@@ -10,6 +11,7 @@ import pytest
 from test_prepare_preparation import PLAIN_SPECS, PROMPTS, WordTokenizer, corpus, retrieval
 
 from pipeline.messages import CompressionPlan, Conversation, Turn
+from prepare.config import PassageReuseConfig
 from prepare.context import ContextChunk
 from prepare.continuation import SentTurn, SentTurns, turn_key, turn_scope
 from prepare.preparation import PromptPreparer, _with_notes
@@ -271,6 +273,13 @@ def test_skip_shown_turns_leaves_out_only_what_the_last_turns_showed(chunks, ski
     assert {s.chunk_id for s in third.sources} == {"doc0#0", "doc1#0"}
 
 
+def test_the_preparers_defaults_are_the_configs():
+    reuse = PassageReuseConfig()
+    defaults = inspect.signature(PromptPreparer).parameters
+    for name in ("skip_shown_turns", "resend_top_passages", "point_to_shown"):
+        assert defaults[name].default == getattr(reuse, name), name
+
+
 def source_ids(content: str) -> list[str]:
     """The source ids of a user message, in the order it shows them."""
     return re.findall(r'<source id="([^"]+)"', content)
@@ -307,6 +316,9 @@ def test_point_to_shown_leaves_a_note_where_a_shown_passage_ranks(chunks):
     assert then.layout.passages == 2 + WordTokenizer().count(sources_block)
     assert sorted(s.chunk_id for s in then.sources) == ["doc0#0", "doc1#0", "doc2#0", "doc3#0"]
     assert all(s.text != SHOWN_ABOVE for s in then.sources)
+    assert then.context_tokens_after == WordTokenizer().count(
+        " ".join(c.text for c in chunks[0:3:2])  # doc0 and doc2, kept whole
+    )
     # A note shows nothing: a third question may leave out only what this one sent.
     history = (*second.history, Turn("user", "And beta?"), Turn("assistant", "beta0."))
     third = prepare(Conversation("Both?", history), retrieval(chunks[1], chunks[0]), NONE, 64)
