@@ -137,6 +137,10 @@ AFFINITY_ROUTERS: dict[str, object] = {
     "generator.request_router.kind": "passage_affinity",
     "compression.request_router.kind": "conversation_affinity",
 }
+QUEUE_GAP_3: dict[str, object] = {
+    "generator.request_router.imbalanced_threshold": 3,
+    "compression.request_router.imbalanced_threshold": 3,
+}
 ONE_GENERATOR: dict[str, object] = {
     "generator.deployment.num_replicas": 1,
     "generator.cpu_binding": None,
@@ -192,6 +196,9 @@ SETTINGS = {
     "reuse-2g": Setting("reuse-2g", DEFAULT_ROUTERS, None, True),
     "reuse-2g-affinity": Setting("reuse-2g-affinity", AFFINITY_ROUTERS, None, True),
     "reuse-1g": Setting("reuse-1g", {**AFFINITY_ROUTERS, **ONE_GENERATOR}, None, True),
+    # The affinity routers held to a queue gap of 3 at both stages (2 by default): at four
+    # requests at a time, load overrides affinity only when one replica holds them all.
+    "reuse-2g-gap3": Setting("reuse-2g-gap3", {**AFFINITY_ROUTERS, **QUEUE_GAP_3}, None, True),
     # The scale profile's own generator router, Ray Serve LLM's prefix-cache-affine one
     # (a continued follow-up's prompt text opens with the previous prompt's).
     "reuse-2g-prefix": Setting(
@@ -221,6 +228,8 @@ COMPARISONS = (
     ("reuse-2g-affinity", "reuse-2g"),
     ("reuse-2g-affinity", "reuse-1g"),
     ("reuse-2g", "reuse-1g"),
+    ("reuse-2g-gap3", "reuse-1g"),
+    ("reuse-2g-gap3", "reuse-2g-affinity"),
     ("reuse-2g-affinity", "reuse-2g-prefix"),
 )
 # Serve's access log lines of a finished generator and compressor call: "rag_Generator

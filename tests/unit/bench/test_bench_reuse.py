@@ -25,6 +25,8 @@ from bench.reuse import (
     uniform_items,
 )
 from bench.squad import SquadParagraph, SquadQuestion, SquadSet
+from harness.service import ROOT
+from harness.variant import write_variant
 from pipeline.messages import Conversation
 
 
@@ -119,6 +121,21 @@ def test_each_setting_asks_what_it_stands_for():
     assert SETTINGS["reuse-pointer"].overrides == {
         **last1,
         "compression.reuse.point_to_shown": True,
+    }
+
+
+@pytest.mark.parametrize("name", sorted(SETTINGS))
+@pytest.mark.parametrize("base", ["serve_config.yaml", "serve_config.scale.yaml"])
+def test_every_setting_is_a_valid_serve_config(name, base, tmp_path):
+    write_variant(ROOT / base, dict(SETTINGS[name].overrides), tmp_path / "v.yaml")
+
+
+def test_the_queue_gap_setting_holds_both_affinity_routers_to_3():
+    gap3 = SETTINGS["reuse-2g-gap3"].overrides
+    assert gap3 == {
+        **SETTINGS["reuse-2g-affinity"].overrides,
+        "generator.request_router.imbalanced_threshold": 3,
+        "compression.request_router.imbalanced_threshold": 3,
     }
 
 
