@@ -1,10 +1,12 @@
-"""The shipped continued layout's (reuse-last1) answers against today's, by question of the
-conversation: per run and over all, the follow-ups whose answer held a gold under one
-layout and not the other (each run's single service a setting; every follow-up counted,
-stories shared between runs included). The runs are pooled.py's that ran reuse-last1.
+"""A continued layout's answers against today's, by question of the conversation: per run
+and over all, the follow-ups whose answer held a gold under one layout and not the other
+(each run's single service a setting; every follow-up counted, stories shared between runs
+included). The layout is the setting named first (the shipped one, reuse-last1, by
+default); the runs are those named after it, else pooled.py's, of which those that ran it.
 
     cd docs/results/reuse/pooled-answers
     ../../../../.venv/bin/python by_question.py > by_question.txt
+    ../../../../.venv/bin/python by_question.py reuse-pointer v20-evidence-in-view
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from pooled import RUNS  # noqa: E402
 
 from bench.squad_metrics import answer_survives  # noqa: E402
 
-SETTING = "reuse-last1"
+SHIPPED = "reuse-last1"
 
 
 def holds(record: dict, item: dict) -> bool:
@@ -29,17 +31,19 @@ def holds(record: dict, item: dict) -> bool:
 
 
 def main() -> None:
+    setting = sys.argv[1] if len(sys.argv) > 1 else SHIPPED
+    runs = sys.argv[2:] or RUNS
     totals: dict[int, list[int]] = {}
-    for run in RUNS:
+    for run in runs:
         doc = json.loads((ROOT / "docs/results/reuse" / run / "results.json").read_text())
         for phase in doc["phases"]:
             items = phase["items"]
             records: dict[str, list[dict]] = {}
             for run_of in doc["runs"]:  # a setting's first service, if it had more
                 records.setdefault(run_of["setting"], run_of["records"][phase["name"]])
-            if SETTING not in records:
+            if setting not in records:
                 continue
-            today, reuse = records["today"], records[SETTING]
+            today, reuse = records["today"], records[setting]
             for turn in sorted({item["turn"] for item in items if item["warm"]}):
                 chosen = [i for i, item in enumerate(items) if item["turn"] == turn]
                 lost = sum(holds(today[i], items[i]) and not holds(reuse[i], items[i])
