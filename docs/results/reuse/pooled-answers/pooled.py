@@ -9,6 +9,7 @@ conversation counts twice; each run's own line keeps all of its follow-ups.
 
     cd docs/results/reuse/pooled-answers && ../../../../.venv/bin/python pooled.py > pooled.txt
     ../../../../.venv/bin/python pooled.py reuse-last1 > pooled-last1.txt
+    ../../../../.venv/bin/python pooled.py reuse-top1 > pooled-top1.txt
 
 The argument names the setting set against today (reuse by default); runs without it are
 passed over.
@@ -35,6 +36,8 @@ RUNS = (
     "v15-conversation-last1-c1",
     "v17-count-ahead-c1",
     "v19-count-ahead-c4",
+    "v20-evidence-in-view",
+    "v21-top1-c1",
 )
 METRICS = {"F1": f1, "answer holds a gold": answer_survives}
 
