@@ -120,8 +120,11 @@ class Setting:
     reuse: bool | None
 
 
-LEAVE_OUT_ALL_SHOWN: dict[str, object] = {"compression.reuse.skip_shown_turns": None}
-LAST_TURN_SHOWN: dict[str, object] = {"compression.reuse.skip_shown_turns": 1}
+# The layouts as every stored run of them was served: before 2026-12-06's default of
+# resend_top_passages 1, a follow-up's top passage was left out like any other shown one.
+NO_RESEND: dict[str, object] = {"compression.reuse.resend_top_passages": 0}
+LEAVE_OUT_ALL_SHOWN: dict[str, object] = {"compression.reuse.skip_shown_turns": None, **NO_RESEND}
+LAST_TURN_SHOWN: dict[str, object] = {"compression.reuse.skip_shown_turns": 1, **NO_RESEND}
 RESEND_TOP: dict[str, object] = {"compression.reuse.resend_top_passages": 1}
 POINT_TO_SHOWN: dict[str, object] = {"compression.reuse.point_to_shown": True}
 TWO_COMPRESSORS: dict[str, object] = {

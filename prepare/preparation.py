@@ -102,7 +102,7 @@ class PromptPreparer:
         sent_turns: SentTurns | None = None,
         skip_shown_turns: int | None = 1,
         remembered_counts: int = 16384,
-        resend_top_passages: int = 0,
+        resend_top_passages: int = 1,
         point_to_shown: bool = False,
     ) -> None:
         self._tokenizer = tokenizer
@@ -173,7 +173,7 @@ class PromptPreparer:
         sent_turns: SentTurns | None = None,
         skip_shown_turns: int | None = 1,
         remembered_counts: int = 16384,
-        resend_top_passages: int = 0,
+        resend_top_passages: int = 1,
         point_to_shown: bool = False,
     ) -> PromptPreparer:
         """Load what preparation needs: the serving tokenizer, the index's sentence store

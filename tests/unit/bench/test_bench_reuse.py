@@ -110,10 +110,12 @@ def test_each_setting_asks_what_it_stands_for():
     }
     assert two.reuse and routed.reuse
     # reuse means what it meant in every stored run: leave out whatever any turn showed.
-    assert SETTINGS["reuse"].overrides == {"compression.reuse.skip_shown_turns": None}
-    for name, skip in (("reuse-repeat", 0), ("reuse-last1", 1)):
-        assert SETTINGS[name].overrides == {"compression.reuse.skip_shown_turns": skip}
+    # (and the top passage, since the default sends it again, left out like any other).
+    no_resend = {"compression.reuse.resend_top_passages": 0}
+    assert SETTINGS["reuse"].overrides == {"compression.reuse.skip_shown_turns": None, **no_resend}
+    assert SETTINGS["reuse-repeat"].overrides == {"compression.reuse.skip_shown_turns": 0}
     last1 = SETTINGS["reuse-last1"].overrides
+    assert last1 == {"compression.reuse.skip_shown_turns": 1, **no_resend}
     assert SETTINGS["reuse-top1"].overrides == {
         **last1,
         "compression.reuse.resend_top_passages": 1,

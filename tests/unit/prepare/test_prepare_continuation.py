@@ -69,6 +69,7 @@ def preparer(
     sent_turns: SentTurns | None,
     max_model_len: int = 2048,
     skip_shown_turns: int | None = None,
+    resend_top_passages: int = 0,  # what is left out, shown with nothing sent again
     **options,
 ) -> PromptPreparer:
     store, _ = corpus(*PLAIN_SPECS)
@@ -80,6 +81,7 @@ def preparer(
         passage_cache=PassageCacheView(10_000, seed_after=1),
         sent_turns=sent_turns,
         skip_shown_turns=skip_shown_turns,
+        resend_top_passages=resend_top_passages,
         **options,
     )
 
