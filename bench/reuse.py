@@ -18,9 +18,11 @@ reader the stored figures were read by (bench.suite.MEASURED_WITH, SmolLM2 in fp
 - reuse-repeat: reuse whose continued follow-ups send this turn's passages as compressed,
   even the sentences earlier turns showed (`compression.reuse.skip_shown_turns: 0`);
 - reuse-last1: reuse whose continued follow-ups leave out only what the turn before showed
-  (`compression.reuse.skip_shown_turns: 1`, the service's default);
+  (`compression.reuse.skip_shown_turns: 1`), their top passage included (the service's
+  default until 2026-12-06);
 - reuse-top1: reuse-last1 whose continued follow-ups send their top passage as compressed
-  even where the turn before showed it (`compression.reuse.resend_top_passages: 1`);
+  even where the turn before showed it (`compression.reuse.resend_top_passages: 1`; the
+  service's default since);
 - reuse-pointer: reuse-last1 whose continued follow-ups leave a note where a passage left
   out as shown ranks (`compression.reuse.point_to_shown`);
 - reuse-2c, reuse-2c-conv: reuse over two compressor replicas, under Serve's default router
@@ -160,7 +162,8 @@ SETTINGS = {
     # turns showed them (compression.reuse.skip_shown_turns: 0).
     "reuse-repeat": Setting("reuse-repeat", {"compression.reuse.skip_shown_turns": 0}, None, True),
     # Conversations continued, leaving out only what the previous turn showed: what older
-    # turns showed goes again, beside the question (compression.reuse.skip_shown_turns: 1).
+    # turns showed goes again, beside the question (compression.reuse.skip_shown_turns: 1),
+    # the top passage left out like any other (resend_top_passages: 0).
     "reuse-last1": Setting("reuse-last1", LAST_TURN_SHOWN, None, True),
     # reuse-last1, and the question's top passage sent beside it even where the previous
     # turn showed it (compression.reuse.resend_top_passages: 1).
