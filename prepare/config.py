@@ -185,7 +185,7 @@ class PassageReuseConfig(StrictModel):
         "the question as its compression keeps them, even where the last turns showed "
         "them. 1 (the default): the best evidence next to the question, for about the "
         "tokens a note costs; follow-ups' answers detectably better than the plain "
-        "layout's, and faster to a first token, where 0 put a gold in fewer of them "
+        "layout's, and no slower to a first token, where 0 put a gold in fewer of them "
         "(docs/benchmarks.md, conversations).",
     )
     point_to_shown: bool = Field(

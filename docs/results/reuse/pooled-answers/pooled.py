@@ -38,6 +38,7 @@ RUNS = (
     "v19-count-ahead-c4",
     "v20-evidence-in-view",
     "v21-top1-c1",
+    "v24-top1-c4",
 )
 METRICS = {"F1": f1, "answer holds a gold": answer_survives}
 
