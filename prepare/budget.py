@@ -27,7 +27,7 @@ def fit_to_budget(
     kept: list[ContextChunk] = []
     used = 0
     for chunk in chunks:
-        cost = count_tokens(chunk.text) + fence_tokens(chunk, count_tokens)
+        cost = source_cost(chunk, count_tokens)
         if used + cost <= budget_tokens:
             kept.append(chunk)
             used += cost
@@ -38,6 +38,11 @@ def fit_to_budget(
             kept.append(cut)
         return kept, True
     return kept, False
+
+
+def source_cost(chunk: ContextChunk, count_tokens: TokenCounter) -> int:
+    """What a chunk takes of the budget: its text's tokens and its fence's."""
+    return count_tokens(chunk.text) + fence_tokens(chunk, count_tokens)
 
 
 def fence_tokens(chunk: ContextChunk, count_tokens: TokenCounter) -> int:

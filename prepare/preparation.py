@@ -26,7 +26,7 @@ from pipeline.messages import (
     StageTiming,
     Turn,
 )
-from prepare.budget import context_budget_tokens, fence_tokens, fit_to_budget
+from prepare.budget import context_budget_tokens, fit_to_budget, source_cost
 from prepare.chat_tokens import ChatTokens
 from prepare.compression import ChunkCompressor, count_context_tokens
 from prepare.context import ContextChunk
@@ -332,7 +332,7 @@ class PromptPreparer:
         cleaned_history = self._cleaned(conversation.history)
         history = self._fit_cleaned(cleaned_history)
         chunks, no_sentences = self._context_chunks(retrieval)
-        rank = {chunk.chunk_id: index for index, chunk in enumerate(chunks)}
+        retrieved = [chunk.chunk_id for chunk in chunks]  # in rank order, for the notes
         if reason := self._unmet_need(plan, no_sentences):
             plan, degraded = replace(plan, method=NO_COMPRESSION), degraded or reason
         count = self._count
@@ -408,9 +408,9 @@ class PromptPreparer:
             compressed, all_shown = _unshown(compressed, shown_before)
             shown += all_shown
         compress_ms = (time.perf_counter() - compress_started) * 1000
-        notes = self._shown_notes(shown, budget) if continued else []
-        kept, truncated = fit_to_budget(compressed, count, budget - _sources_cost(notes, count))
-        rendered = _with_notes(kept, notes, rank)  # the sources as the prompt shows them
+        notes, notes_cost = self._shown_notes(shown, budget) if continued else ([], 0)
+        kept, truncated = fit_to_budget(compressed, count, budget - notes_cost)
+        rendered = _with_notes(kept, notes, retrieved)  # the sources as the prompt shows them
         # Each rendered passage's text tokens, and as rendered in its source tags: counted
         # once for the usage figures, the layout and the reuse view alike.
         text_tokens = [count(chunk.text) for chunk in rendered]
@@ -441,7 +441,7 @@ class PromptPreparer:
             method=plan.method,
             context_tokens_before=tokens_before,
             # What compression kept: the notes stand for passages, they are not kept of them.
-            context_tokens_after=sum(text_tokens) - sum(count(note.text) for note in notes),
+            context_tokens_after=count_context_tokens(kept, count),
             compress_ms=compress_ms,
             truncated=truncated,
             timing=StageTiming(started_at_s, (time.perf_counter() - started) * 1000),
@@ -454,13 +454,17 @@ class PromptPreparer:
             opening_passage=_opening_passage(history, continued, kept),
         )
 
-    def _shown_notes(self, shown: Sequence[ContextChunk], budget: int) -> list[ContextChunk]:
-        """Where `point_to_shown`, a note for each passage left out as shown (its source
-        tag around SHOWN_ABOVE); none where they would leave the budget nothing."""
+    def _shown_notes(
+        self, shown: Sequence[ContextChunk], budget: int
+    ) -> tuple[list[ContextChunk], int]:
+        """(Where `point_to_shown`, a note for each passage left out as shown, its source
+        tag around SHOWN_ABOVE; what they take of the budget): none where they would leave
+        the budget nothing."""
         if not self._point_to_shown:
-            return []
+            return [], 0
         notes = [chunk.with_text(SHOWN_ABOVE) for chunk in shown]
-        return notes if _sources_cost(notes, self._count) < budget else []
+        cost = sum(source_cost(note, self._count) for note in notes)
+        return (notes, cost) if cost < budget else ([], 0)
 
     def _layout(
         self,
@@ -598,15 +602,14 @@ def _unshown(
     return rest, gone
 
 
-def _sources_cost(chunks: Sequence[ContextChunk], count: Callable[[str], int]) -> int:
-    """What `chunks` take of the sources budget (fit_to_budget's cost of each)."""
-    return sum(count(chunk.text) + fence_tokens(chunk, count) for chunk in chunks)
-
-
 def _with_notes(
-    kept: Sequence[ContextChunk], notes: Sequence[ContextChunk], rank: Mapping[str, int]
+    kept: Sequence[ContextChunk], notes: Sequence[ContextChunk], retrieved: Sequence[str]
 ) -> list[ContextChunk]:
-    """`kept` in its order, each note before the first kept passage ranked below it."""
+    """`kept` in its order, each note before the first kept passage ranked below it in
+    `retrieved` (chunk ids, best first)."""
+    if not notes:
+        return list(kept)
+    rank = {chunk_id: index for index, chunk_id in enumerate(retrieved)}
     last = len(rank)
     waiting = sorted(notes, key=lambda note: rank.get(note.chunk_id, last))
     placed: list[ContextChunk] = []

@@ -332,11 +332,11 @@ def test_notes_go_before_the_first_kept_passage_ranked_below_them_and_keep_its_o
     def chunk(name: str) -> ContextChunk:
         return ContextChunk(name, name, name, name, 0.0)
 
-    rank = {name: index for index, name in enumerate("abcde")}
+    retrieved = list("abcde")
     kept = [chunk("d"), chunk("b")]  # not in rank order: left as it is
-    placed = _with_notes(kept, [chunk("e"), chunk("c"), chunk("a")], rank)
+    placed = _with_notes(kept, [chunk("e"), chunk("c"), chunk("a")], retrieved)
     assert [c.chunk_id for c in placed] == ["a", "c", "d", "b", "e"]
-    assert _with_notes(kept, [], rank) == kept
+    assert _with_notes(kept, [], retrieved) == kept
 
 
 class CountingWords(WordTokenizer):
