@@ -26,12 +26,13 @@ import yaml
 from app.config import ConfigError, parse_config
 
 # Override sets that a make target and a benchmark both serve (`--preset`), kept in one place.
+_INT8_READER = "qwen2.5-coder-1.5b-instruct-w8a8-rtn"  # what make models-int8 writes
 PRESETS: dict[str, dict[str, Any]] = {
-    # make run's reader as its INT8 checkpoint (make models-int8), served in bf16 (make
-    # run-int8; bench.suite's default-int8).
+    # make run's reader as its INT8 checkpoint, served in bf16 (make run-int8; bench.suite's
+    # default-int8).
     "int8": {
-        "generator.model_id": "qwen2.5-coder-1.5b-instruct-w8a8-rtn",
-        "generator.model_source": ".models/qwen2.5-coder-1.5b-instruct-w8a8-rtn",
+        "generator.model_id": _INT8_READER,
+        "generator.model_source": f".models/{_INT8_READER}",
         "generator.engine_kwargs.dtype": "bfloat16",
     },
 }
