@@ -171,6 +171,9 @@ SETTINGS = {
     # reuse-last1, and each passage it leaves out as shown named in its rank's place, its
     # text a note that it is above (compression.reuse.point_to_shown).
     "reuse-pointer": Setting("reuse-pointer", {**LAST_TURN_SHOWN, **POINT_TO_SHOWN}, None, True),
+    # Only conversations continued: a question without history goes in today's layout
+    # (compression.reuse.path_passages: 0), follow-ups as reuse-top1's.
+    "reuse-conv": Setting("reuse-conv", {"compression.reuse.path_passages": 0}, None, True),
     # Two compressor replicas, each remembering only the turns it prepared: Serve's default
     # router against the conversation router (deployments.conversation_router). Their
     # scheduling label lowered so that both fit the 2-core default beside the generator.
@@ -226,6 +229,8 @@ COMPARISONS = (
     ("reuse-top1", "reuse-last1"),
     ("reuse-pointer", "reuse-last1"),
     ("reuse-pointer", "reuse-top1"),
+    ("reuse-conv", "today"),
+    ("reuse-conv", "reuse-top1"),
     ("reuse", "naive"),
     ("today", "naive"),
     ("today-b32", "today-b128"),

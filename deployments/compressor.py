@@ -33,7 +33,6 @@ from pipeline.messages import (
 from prepare.attribution import AttributionOptions, Attributor
 from prepare.continuation import SentTurns
 from prepare.preparation import PromptPreparer, PromptTooLongError
-from prepare.reuse import PassageCacheView
 from retrieval.embedding import Embedder
 from retrieval.models import resolve_model_reference
 
@@ -71,11 +70,7 @@ class CompressorDeployment:
             cost_model=compression.cost_model.to_model(),
             history_max_tokens=config.conversation.history_max_tokens,
             collection_stores=collections.store_for if collections is not None else None,
-            passage_cache=PassageCacheView(
-                compression.reuse.capacity_tokens,
-                path_passages=compression.reuse.path_passages,
-                seed_after=compression.reuse.seed_after_retrievals,
-            ),
+            passage_cache=compression.reuse.to_view(),
             sent_turns=(
                 SentTurns(compression.reuse.remembered_turns)
                 if compression.reuse.remembered_turns

@@ -15,6 +15,7 @@ from prepare.llmlingua_compressor import LLMLinguaOptions
 from prepare.methods import get_method, known_method, method_names
 from prepare.preparation import LLMLinguaLoad
 from prepare.prompt import DEFAULT_SYSTEM_PROMPT, SHORT_ANSWER_SYSTEM_PROMPT
+from prepare.reuse import PassageCacheView
 from retrieval.models import resolve_model_reference
 
 
@@ -152,11 +153,13 @@ class PassageReuseConfig(StrictModel):
     )
     path_passages: int | None = Field(
         1,
-        ge=1,
+        ge=0,
         description="Passages the layout keeps whole in the shared prefix after the system "
-        "prompt (None: no limit). Questions about one passage rarely share their second "
-        "and later passages, so seeding deeper paths cost a whole passage's prefill a "
-        "request for hits that seldom came (docs/benchmarks.md, passage reuse).",
+        "prompt (None: no limit; 0: none, so a question without history goes in the "
+        "plain layout and only follow-ups continue the prompts before them). Questions "
+        "about one passage rarely share their second and later passages, so seeding "
+        "deeper paths cost a whole passage's prefill a request for hits that seldom came "
+        "(docs/benchmarks.md, passage reuse).",
     )
     seed_after_retrievals: int = Field(
         2,
@@ -204,6 +207,17 @@ class PassageReuseConfig(StrictModel):
         "prepared on another replica, or after its turn was forgotten, goes in the plain "
         "layout.",
     )
+
+    def to_view(self) -> PassageCacheView | None:
+        """The compressor replica's view of the passages it sent; None where no passage is
+        laid out for reuse (path_passages 0)."""
+        if self.path_passages == 0:
+            return None
+        return PassageCacheView(
+            self.capacity_tokens,
+            path_passages=self.path_passages,
+            seed_after=self.seed_after_retrievals,
+        )
 
 
 class CompressionConfig(StrictModel):

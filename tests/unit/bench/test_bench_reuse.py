@@ -124,6 +124,8 @@ def test_each_setting_asks_what_it_stands_for():
         **last1,
         "compression.reuse.point_to_shown": True,
     }
+    conv = SETTINGS["reuse-conv"]
+    assert conv.overrides == {"compression.reuse.path_passages": 0} and conv.reuse
 
 
 @pytest.mark.parametrize("name", sorted(SETTINGS))

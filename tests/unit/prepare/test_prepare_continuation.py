@@ -275,6 +275,42 @@ def test_skip_shown_turns_leaves_out_only_what_the_last_turns_showed(chunks, ski
     assert {s.chunk_id for s in third.sources} == {"doc0#0", "doc1#0"}
 
 
+def test_without_a_passage_path_a_first_question_goes_plainly_and_its_follow_up_continues(
+    chunks,
+):
+    """path_passages 0: single questions as without reuse, only conversations continued."""
+    store, _ = corpus(*PLAIN_SPECS)
+    reuse = PassageReuseConfig(path_passages=0)
+    assert reuse.to_view() is None
+    without_path = PromptPreparer(
+        WordTokenizer(),
+        PROMPTS,
+        max_model_len=2048,
+        sentence_store=store,
+        passage_cache=reuse.to_view(),
+        sent_turns=SentTurns(16),
+    )
+    plain = PromptPreparer(WordTokenizer(), PROMPTS, max_model_len=2048, sentence_store=store)
+    first = Conversation("Which alpha?")
+    # Asked three times, the passages would have been seeded and then sent whole, first.
+    for _ in range(3):
+        asked = without_path.prepare(first, retrieval(*chunks[:3]), SENTENCES, 64)
+        alone = plain.prepare(first, retrieval(*chunks[:3]), SENTENCES, 64)
+        assert asked.messages == alone.messages
+        assert asked.reused_passages == 0
+    then = without_path.prepare(
+        follow_up(first, "alpha0.", "And beta?"), retrieval(chunks[2], chunks[3]), SENTENCES, 64
+    )
+    assert then.continued_turns == 1
+    assert then.messages[: len(asked.messages)] == asked.messages
+
+
+def test_the_default_view_lays_out_one_passage_seeded_after_two_retrievals():
+    view = PassageReuseConfig().to_view()
+    assert view is not None
+    assert (view.path_passages, view.seed_after) == (1, 2)
+
+
 def test_the_preparers_defaults_are_the_configs():
     reuse = PassageReuseConfig()
     defaults = inspect.signature(PromptPreparer).parameters
