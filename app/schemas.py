@@ -42,9 +42,10 @@ class CompressionOptions(_Strict):
     )
     reuse: bool | None = Field(
         None,
-        description="Lay the context out for the prefix cache: passages the generator "
-        "likely still holds from earlier requests go first and whole, only the rest is "
-        "compressed. Unset: compression.reuse.enabled.",
+        description="Lay the prompt out for the prefix cache: a follow-up continues the "
+        "prompts its conversation sent before, and, where compression.reuse.path_passages "
+        "allows, passages the generator likely still holds from earlier requests go first "
+        "and whole, only the rest compressed. Unset: compression.reuse.enabled (on).",
     )
 
     @model_validator(mode="after")

@@ -12,9 +12,11 @@ one phase does not warm the next.
 Settings, each on a fresh service over the SQuAD index (harness.variant), read by the
 reader the stored figures were read by (bench.suite.MEASURED_WITH, SmolLM2 in fp32):
 - naive: prefix caching off, no compression;
-- today: the service's defaults (sentence selection, the `auto` policy);
-- reuse: the same, with `compression.reuse` on (prepare.reuse), a continued follow-up
-  leaving out every sentence an earlier turn showed (`skip_shown_turns: null`);
+- today: the service's pipeline (sentence selection, the `auto` policy) with
+  `compression.reuse` off (the service's default until 2026-12-06);
+- reuse: the same, with `compression.reuse` on (prepare.reuse), a question without history
+  opening with a one-passage path (`path_passages: 1`), a continued follow-up leaving out
+  every sentence an earlier turn showed (`skip_shown_turns: null`);
 - reuse-repeat: reuse whose continued follow-ups send this turn's passages as compressed,
   even the sentences earlier turns showed (`compression.reuse.skip_shown_turns: 0`);
 - reuse-last1: reuse whose continued follow-ups leave out only what the turn before showed
@@ -22,9 +24,11 @@ reader the stored figures were read by (bench.suite.MEASURED_WITH, SmolLM2 in fp
   default until 2026-12-06);
 - reuse-top1: reuse-last1 whose continued follow-ups send their top passage as compressed
   even where the turn before showed it (`compression.reuse.resend_top_passages: 1`; the
-  service's default since);
+  service's default for follow-ups since);
 - reuse-pointer: reuse-last1 whose continued follow-ups leave a note where a passage left
   out as shown ranks (`compression.reuse.point_to_shown`);
+- reuse-conv: `compression.reuse` as the service ships it: no passage path, so a question
+  without history goes as today's (`path_passages: 0`), follow-ups as reuse-top1's;
 - reuse-2c, reuse-2c-conv: reuse over two compressor replicas, under Serve's default router
   and under the conversation router (`compression.request_router`).
 `today` and `reuse` run twice, in the order today, reuse, reuse, today, so drift over the
@@ -123,10 +127,20 @@ class Setting:
 
 
 # The layouts as every stored run of them was served: before 2026-12-06's default of
-# resend_top_passages 1, a follow-up's top passage was left out like any other shown one.
+# resend_top_passages 1, a follow-up's top passage was left out like any other shown one;
+# and until reuse-conv's run, a question without history opened with a one-passage path.
 NO_RESEND: dict[str, object] = {"compression.reuse.resend_top_passages": 0}
-LEAVE_OUT_ALL_SHOWN: dict[str, object] = {"compression.reuse.skip_shown_turns": None, **NO_RESEND}
-LAST_TURN_SHOWN: dict[str, object] = {"compression.reuse.skip_shown_turns": 1, **NO_RESEND}
+PASSAGE_PATH: dict[str, object] = {"compression.reuse.path_passages": 1}
+LEAVE_OUT_ALL_SHOWN: dict[str, object] = {
+    **PASSAGE_PATH,
+    "compression.reuse.skip_shown_turns": None,
+    **NO_RESEND,
+}
+LAST_TURN_SHOWN: dict[str, object] = {
+    **PASSAGE_PATH,
+    "compression.reuse.skip_shown_turns": 1,
+    **NO_RESEND,
+}
 RESEND_TOP: dict[str, object] = {"compression.reuse.resend_top_passages": 1}
 POINT_TO_SHOWN: dict[str, object] = {"compression.reuse.point_to_shown": True}
 TWO_COMPRESSORS: dict[str, object] = {
@@ -135,10 +149,12 @@ TWO_COMPRESSORS: dict[str, object] = {
     "compression.deployment.num_cpus": 0.2,
 }
 DEFAULT_ROUTERS: dict[str, object] = {
+    **PASSAGE_PATH,
     "generator.request_router.kind": "power_of_two",
     "compression.request_router.kind": "power_of_two",
 }
 AFFINITY_ROUTERS: dict[str, object] = {
+    **PASSAGE_PATH,
     "generator.request_router.kind": "passage_affinity",
     "compression.request_router.kind": "conversation_affinity",
 }
@@ -160,7 +176,9 @@ SETTINGS = {
     "reuse": Setting("reuse", LEAVE_OUT_ALL_SHOWN, None, True),
     # Conversations continued, this turn's passages sent as compressed even where earlier
     # turns showed them (compression.reuse.skip_shown_turns: 0).
-    "reuse-repeat": Setting("reuse-repeat", {"compression.reuse.skip_shown_turns": 0}, None, True),
+    "reuse-repeat": Setting(
+        "reuse-repeat", {**PASSAGE_PATH, "compression.reuse.skip_shown_turns": 0}, None, True
+    ),
     # Conversations continued, leaving out only what the previous turn showed: what older
     # turns showed goes again, beside the question (compression.reuse.skip_shown_turns: 1),
     # the top passage left out like any other (resend_top_passages: 0).
@@ -171,8 +189,8 @@ SETTINGS = {
     # reuse-last1, and each passage it leaves out as shown named in its rank's place, its
     # text a note that it is above (compression.reuse.point_to_shown).
     "reuse-pointer": Setting("reuse-pointer", {**LAST_TURN_SHOWN, **POINT_TO_SHOWN}, None, True),
-    # Only conversations continued: a question without history goes in today's layout
-    # (compression.reuse.path_passages: 0), follow-ups as reuse-top1's.
+    # The shipped reuse: only conversations continued, a question without history in
+    # today's layout (compression.reuse.path_passages: 0), follow-ups as reuse-top1's.
     "reuse-conv": Setting("reuse-conv", {"compression.reuse.path_passages": 0}, None, True),
     # Two compressor replicas, each remembering only the turns it prepared: Serve's default
     # router against the conversation router (deployments.conversation_router). Their
@@ -192,10 +210,13 @@ SETTINGS = {
     # against generation.routing's, both with the reuse layout, whose first passage is the
     # one a later question finds cached.
     "reuse-p2c": Setting(
-        "reuse-p2c", {"generator.request_router.kind": "power_of_two"}, None, True
+        "reuse-p2c", {**PASSAGE_PATH, "generator.request_router.kind": "power_of_two"}, None, True
     ),
     "reuse-passage": Setting(
-        "reuse-passage", {"generator.request_router.kind": "passage_affinity"}, None, True
+        "reuse-passage",
+        {**PASSAGE_PATH, "generator.request_router.kind": "passage_affinity"},
+        None,
+        True,
     ),
     # Conversations over the scale profile (--config serve_config.scale.yaml: 2 generator
     # replicas, 2-3 compressor replicas), the continued layout as shipped: Serve's default

@@ -134,14 +134,18 @@ class CostModelConfig(StrictModel):
 
 
 class PassageReuseConfig(StrictModel):
-    """Reuse of retrieved passages' prefill (prepare.reuse): each compressor replica keeps a
-    view of the passage sequences it sent and lays out the next context so that passages
-    the generator likely holds form a shared prefix."""
+    """Reuse of earlier prompts' prefill: a follow-up continues the prompts its conversation
+    sent before (prepare.continuation), and, where `path_passages` allows, each compressor
+    replica keeps a view of the passage sequences it sent and lays out the next context so
+    that passages the generator likely holds form a shared prefix (prepare.reuse)."""
 
     enabled: bool = Field(
-        False,
+        True,
         description="Default for requests that do not say (compression.reuse in the "
-        "request): passages likely cached go first and whole, only the rest is compressed.",
+        "request). On (the default): follow-ups continue the prompts before them, answers "
+        "detectably better and no slower to a first token than the plain layout's, and "
+        "single questions go as without reuse, no slower (path_passages 0) "
+        "(docs/benchmarks.md, passage reuse).",
     )
     capacity_tokens: int = Field(
         16384,
@@ -152,14 +156,16 @@ class PassageReuseConfig(StrictModel):
         "high or too low only costs speed.",
     )
     path_passages: int | None = Field(
-        1,
+        0,
         ge=0,
         description="Passages the layout keeps whole in the shared prefix after the system "
-        "prompt (None: no limit; 0: none, so a question without history goes in the "
-        "plain layout and only follow-ups continue the prompts before them). Questions "
-        "about one passage rarely share their second and later passages, so seeding "
-        "deeper paths cost a whole passage's prefill a request for hits that seldom came "
-        "(docs/benchmarks.md, passage reuse).",
+        "prompt (None: no limit). 0 (the default): none, so a question without history "
+        "goes in the plain layout and only follow-ups continue the prompts before them; on "
+        "single SQuAD questions a one-passage path was no faster on later questions about "
+        "a passage and a little slower where none came. Questions about one passage "
+        "rarely share their second and later passages, so deeper paths cost a whole "
+        "passage's prefill a request for hits that seldom came (docs/benchmarks.md, "
+        "passage reuse).",
     )
     seed_after_retrievals: int = Field(
         2,

@@ -4,7 +4,8 @@ prefix cache.
 
 A collection of its own holds three passages, so every question (top_k 3) retrieves the same
 three in a different score order. The shared service runs two compressor replicas, each with
-its own view: the layout must line up whichever replica prepares the prompt. A conversation's
+its own view, and a one-passage path (the shipped config lays out none): the layout must
+line up whichever replica prepares the prompt. A conversation's
 follow-ups continue its earlier prompts only on the replica that prepared them, which the
 shipped config's conversation router (compression.request_router) sends them to.
 """
@@ -142,7 +143,8 @@ def test_every_follow_up_continues_its_conversation_on_the_replica_that_prepared
     # Three conversations of three questions over two compressor replicas: each follow-up
     # is continued only where its earlier turns are remembered. Sent by Serve's default
     # router, all six would find them with odds of about 1 in 64.
-    reuse = {"method": "none", "reuse": True}
+    # compression.reuse is on by default: the request does not ask for it.
+    reuse = {"method": "none"}
     openings = [
         ("What is float glass poured onto?", "How is it cooled?", "What is that oven called?"),
         ("How do honey bees find flowers?", "What gives the distance?", "How many eggs a day?"),

@@ -168,7 +168,8 @@ def test_query_returns_answer_sources_usage_and_timings(client, stages):
     # The question reaches the stages stripped, with the configured defaults.
     assert stages.called("retrieve") == [("How is KV stored?", 5)]
     [(question, plan, max_tokens)] = stages.called("prepare")
-    assert (question, plan, max_tokens) == ("How is KV stored?", CompressionPlan("sentences"), 128)
+    shipped_plan = CompressionPlan("sentences", reuse=True)  # compression.reuse is on
+    assert (question, plan, max_tokens) == ("How is KV stored?", shipped_plan, 128)
     [(messages, max_tokens, temperature)] = stages.called("generate")
     assert messages[0] == {"role": "system", "content": "system"}
     assert (max_tokens, temperature) == (128, 0.0)
@@ -179,14 +180,19 @@ def test_query_returns_answer_sources_usage_and_timings(client, stages):
     [
         (
             {"compression": {"method": "none", "target_tokens": 50}},
-            CompressionPlan("none", 0.5, 50),
+            CompressionPlan("none", 0.5, 50, reuse=True),
         ),
-        ({"compression": {"rate": 0.3}}, CompressionPlan("sentences", 0.3, None)),
-        ({"compression": {"method": "llmlingua"}}, CompressionPlan("llmlingua", 0.5, None)),
+        ({"compression": {"rate": 0.3}}, CompressionPlan("sentences", 0.3, None, reuse=True)),
+        (
+            {"compression": {"method": "llmlingua"}},
+            CompressionPlan("llmlingua", 0.5, None, reuse=True),
+        ),
         (
             {"compression": {"method": "llmlingua", "policy": "auto"}},
-            CompressionPlan("llmlingua", 0.5, None, "auto"),
+            CompressionPlan("llmlingua", 0.5, None, "auto", reuse=True),
         ),
+        # compression.reuse is on unless the request turns it off.
+        ({"compression": {"reuse": False}}, CompressionPlan("sentences", reuse=False)),
     ],
 )
 def test_request_options_reach_the_stages(client, stages, options, plan):

@@ -99,8 +99,10 @@ def test_each_setting_asks_what_it_stands_for():
         setting = SETTINGS[f"today-b{blocks}"]
         assert setting.overrides == {"generator.engine_kwargs.block_size": blocks}
         assert (setting.method, setting.reuse) == (None, False)
+    # Every stored reuse run opened a question without history with a one-passage path.
+    path = {"compression.reuse.path_passages": 1}
     for name, kind in (("reuse-p2c", "power_of_two"), ("reuse-passage", "passage_affinity")):
-        assert SETTINGS[name].overrides == {"generator.request_router.kind": kind}
+        assert SETTINGS[name].overrides == {**path, "generator.request_router.kind": kind}
         assert (SETTINGS[name].method, SETTINGS[name].reuse) == (None, True)
     two, routed = SETTINGS["reuse-2c"], SETTINGS["reuse-2c-conv"]
     assert two.overrides["compression.deployment.num_replicas"] == 2
@@ -112,10 +114,14 @@ def test_each_setting_asks_what_it_stands_for():
     # reuse means what it meant in every stored run: leave out whatever any turn showed.
     # (and the top passage, since the default sends it again, left out like any other).
     no_resend = {"compression.reuse.resend_top_passages": 0}
-    assert SETTINGS["reuse"].overrides == {"compression.reuse.skip_shown_turns": None, **no_resend}
-    assert SETTINGS["reuse-repeat"].overrides == {"compression.reuse.skip_shown_turns": 0}
+    assert SETTINGS["reuse"].overrides == {
+        **path,
+        "compression.reuse.skip_shown_turns": None,
+        **no_resend,
+    }
+    assert SETTINGS["reuse-repeat"].overrides == {**path, "compression.reuse.skip_shown_turns": 0}
     last1 = SETTINGS["reuse-last1"].overrides
-    assert last1 == {"compression.reuse.skip_shown_turns": 1, **no_resend}
+    assert last1 == {**path, "compression.reuse.skip_shown_turns": 1, **no_resend}
     assert SETTINGS["reuse-top1"].overrides == {
         **last1,
         "compression.reuse.resend_top_passages": 1,
@@ -126,6 +132,9 @@ def test_each_setting_asks_what_it_stands_for():
     }
     conv = SETTINGS["reuse-conv"]
     assert conv.overrides == {"compression.reuse.path_passages": 0} and conv.reuse
+    for name, setting in SETTINGS.items():  # the multi-replica ones too
+        if setting.reuse and name != "reuse-conv":
+            assert setting.overrides["compression.reuse.path_passages"] == 1, name
 
 
 @pytest.mark.parametrize("name", sorted(SETTINGS))

@@ -281,7 +281,6 @@ def test_without_a_passage_path_a_first_question_goes_plainly_and_its_follow_up_
     """path_passages 0: single questions as without reuse, only conversations continued."""
     store, _ = corpus(*PLAIN_SPECS)
     reuse = PassageReuseConfig(path_passages=0)
-    assert reuse.to_view() is None
     without_path = PromptPreparer(
         WordTokenizer(),
         PROMPTS,
@@ -305,8 +304,10 @@ def test_without_a_passage_path_a_first_question_goes_plainly_and_its_follow_up_
     assert then.messages[: len(asked.messages)] == asked.messages
 
 
-def test_the_default_view_lays_out_one_passage_seeded_after_two_retrievals():
-    view = PassageReuseConfig().to_view()
+def test_by_default_only_conversations_are_continued_and_a_path_is_seeded_after_two():
+    shipped = PassageReuseConfig()
+    assert shipped.enabled and shipped.to_view() is None and shipped.remembered_turns > 0
+    view = PassageReuseConfig(path_passages=1).to_view()
     assert view is not None
     assert (view.path_passages, view.seed_after) == (1, 2)
 
