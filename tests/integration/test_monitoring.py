@@ -242,7 +242,9 @@ def _ingest(client: httpx.Client, round_: int) -> None:
             "question": "When does the night ferry leave?",
             "collection": COLLECTION,
             "max_tokens": 4,
-            "compression": {"method": "none"},
+            # Sources in score order: the shared service's passage path would send whole
+            # passages in key order (tests/services.py).
+            "compression": {"method": "none", "reuse": False},
         },
     )
     assert answer.status_code == 200, answer.text
