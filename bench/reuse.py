@@ -162,6 +162,14 @@ QUEUE_GAP_3: dict[str, object] = {
     "generator.request_router.imbalanced_threshold": 3,
     "compression.request_router.imbalanced_threshold": 3,
 }
+CONVERSATION_ROUTERS: dict[str, object] = {
+    "compression.reuse.path_passages": 0,
+    "generator.request_router.kind": "passage_affinity",
+    "generator.request_router.imbalanced_threshold": 2,
+    "compression.request_router.kind": "conversation_affinity",
+}
+COMPRESSOR_GAP_2: dict[str, object] = {"compression.request_router.imbalanced_threshold": 2}
+COMPRESSOR_GAP_4: dict[str, object] = {"compression.request_router.imbalanced_threshold": 4}
 ONE_GENERATOR: dict[str, object] = {
     "generator.deployment.num_replicas": 1,
     "generator.cpu_binding": None,
@@ -229,6 +237,20 @@ SETTINGS = {
     # The affinity routers held to a queue gap of 3 at both stages (2 by default): at four
     # requests at a time, load overrides affinity only when one replica holds them all.
     "reuse-2g-gap3": Setting("reuse-2g-gap3", {**AFFINITY_ROUTERS, **QUEUE_GAP_3}, None, True),
+    # The shipped layout (path_passages 0) over the scale profile, affinity routers at both
+    # stages, the generator's queue gap at 2: the compressor's gap at 2 (the default until
+    # 2026-12-06) against 4, and one generator replica (the hit rate two should keep). A
+    # follow-up that load moves to another compressor replica loses its whole continuation;
+    # one moved to the other generator loses only its cached blocks.
+    "reuse-conv-2g": Setting(
+        "reuse-conv-2g", {**CONVERSATION_ROUTERS, **COMPRESSOR_GAP_2}, None, True
+    ),
+    "reuse-conv-2g-cgap4": Setting(
+        "reuse-conv-2g-cgap4", {**CONVERSATION_ROUTERS, **COMPRESSOR_GAP_4}, None, True
+    ),
+    "reuse-conv-1g": Setting(
+        "reuse-conv-1g", {**CONVERSATION_ROUTERS, **COMPRESSOR_GAP_4, **ONE_GENERATOR}, None, True
+    ),
     # The scale profile's own generator router, Ray Serve LLM's prefix-cache-affine one
     # (a continued follow-up's prompt text opens with the previous prompt's).
     "reuse-2g-prefix": Setting(
@@ -263,6 +285,9 @@ COMPARISONS = (
     ("reuse-2g-gap3", "reuse-1g"),
     ("reuse-2g-gap3", "reuse-2g-affinity"),
     ("reuse-2g-affinity", "reuse-2g-prefix"),
+    ("reuse-conv-2g-cgap4", "reuse-conv-1g"),
+    ("reuse-conv-2g", "reuse-conv-1g"),
+    ("reuse-conv-2g-cgap4", "reuse-conv-2g"),
 )
 # Serve's access log lines of a finished generator and compressor call: "rag_Generator
 # <replica> <request> -- CALL generate OK"; counted per replica, they give each replica's

@@ -133,7 +133,7 @@ def test_each_setting_asks_what_it_stands_for():
     conv = SETTINGS["reuse-conv"]
     assert conv.overrides == {"compression.reuse.path_passages": 0} and conv.reuse
     for name, setting in SETTINGS.items():  # the multi-replica ones too
-        if setting.reuse and name != "reuse-conv":
+        if setting.reuse and not name.startswith("reuse-conv"):
             assert setting.overrides["compression.reuse.path_passages"] == 1, name
 
 
@@ -468,3 +468,19 @@ def test_the_generator_overrides_name_the_reader_and_the_window_only_when_asked(
     smol = reuse_module.generator_overrides(None, 4096)
     assert smol is not None and smol["generator.max_model_len"] == 4096
     assert smol["generator.engine_kwargs.dtype"] == "float32"  # the stored runs' reader
+
+
+def test_the_shipped_layouts_router_settings_pin_both_queue_gaps():
+    for name, compressor_gap in [
+        ("reuse-conv-2g", 2),
+        ("reuse-conv-2g-cgap4", 4),
+        ("reuse-conv-1g", 4),
+    ]:
+        overrides = SETTINGS[name].overrides
+        assert overrides["compression.reuse.path_passages"] == 0, name
+        assert overrides["generator.request_router.kind"] == "passage_affinity", name
+        assert overrides["compression.request_router.kind"] == "conversation_affinity", name
+        assert overrides["generator.request_router.imbalanced_threshold"] == 2, name
+        assert overrides["compression.request_router.imbalanced_threshold"] == compressor_gap
+    assert SETTINGS["reuse-conv-1g"].overrides["generator.deployment.num_replicas"] == 1
+    assert "generator.deployment.num_replicas" not in SETTINGS["reuse-conv-2g"].overrides
