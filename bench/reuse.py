@@ -149,12 +149,10 @@ TWO_COMPRESSORS: dict[str, object] = {
     "compression.deployment.num_cpus": 0.2,
 }
 DEFAULT_ROUTERS: dict[str, object] = {
-    **PASSAGE_PATH,
     "generator.request_router.kind": "power_of_two",
     "compression.request_router.kind": "power_of_two",
 }
 AFFINITY_ROUTERS: dict[str, object] = {
-    **PASSAGE_PATH,
     "generator.request_router.kind": "passage_affinity",
     "compression.request_router.kind": "conversation_affinity",
 }
@@ -162,14 +160,17 @@ QUEUE_GAP_3: dict[str, object] = {
     "generator.request_router.imbalanced_threshold": 3,
     "compression.request_router.imbalanced_threshold": 3,
 }
-CONVERSATION_ROUTERS: dict[str, object] = {
-    "compression.reuse.path_passages": 0,
-    "generator.request_router.kind": "passage_affinity",
-    "generator.request_router.imbalanced_threshold": 2,
-    "compression.request_router.kind": "conversation_affinity",
-}
-COMPRESSOR_GAP_2: dict[str, object] = {"compression.request_router.imbalanced_threshold": 2}
-COMPRESSOR_GAP_4: dict[str, object] = {"compression.request_router.imbalanced_threshold": 4}
+NO_PASSAGE_PATH: dict[str, object] = {"compression.reuse.path_passages": 0}
+
+
+def queue_gaps(generator: float, compressor: float) -> dict[str, object]:
+    """The affinity routers' queue-length gaps, both pinned."""
+    return {
+        "generator.request_router.imbalanced_threshold": generator,
+        "compression.request_router.imbalanced_threshold": compressor,
+    }
+
+
 ONE_GENERATOR: dict[str, object] = {
     "generator.deployment.num_replicas": 1,
     "generator.cpu_binding": None,
@@ -231,31 +232,51 @@ SETTINGS = {
     # router at both stages, against the generator's passage router and the compressor's
     # conversation router; and one generator replica (on both cores), whose cache hit rate
     # is what two replicas should keep.
-    "reuse-2g": Setting("reuse-2g", DEFAULT_ROUTERS, None, True),
-    "reuse-2g-affinity": Setting("reuse-2g-affinity", AFFINITY_ROUTERS, None, True),
-    "reuse-1g": Setting("reuse-1g", {**AFFINITY_ROUTERS, **ONE_GENERATOR}, None, True),
+    "reuse-2g": Setting("reuse-2g", {**PASSAGE_PATH, **DEFAULT_ROUTERS}, None, True),
+    "reuse-2g-affinity": Setting(
+        "reuse-2g-affinity", {**PASSAGE_PATH, **AFFINITY_ROUTERS}, None, True
+    ),
+    "reuse-1g": Setting(
+        "reuse-1g", {**PASSAGE_PATH, **AFFINITY_ROUTERS, **ONE_GENERATOR}, None, True
+    ),
     # The affinity routers held to a queue gap of 3 at both stages (2 by default): at four
     # requests at a time, load overrides affinity only when one replica holds them all.
-    "reuse-2g-gap3": Setting("reuse-2g-gap3", {**AFFINITY_ROUTERS, **QUEUE_GAP_3}, None, True),
+    "reuse-2g-gap3": Setting(
+        "reuse-2g-gap3", {**PASSAGE_PATH, **AFFINITY_ROUTERS, **QUEUE_GAP_3}, None, True
+    ),
     # The shipped layout (path_passages 0) over the scale profile, affinity routers at both
     # stages, the generator's queue gap at 2: the compressor's gap at 2 (the default until
-    # 2026-12-06) against 4, and one generator replica (the hit rate two should keep). A
-    # follow-up that load moves to another compressor replica loses its whole continuation;
-    # one moved to the other generator loses only its cached blocks.
+    # 2026-12-06) against 4, and one generator replica (the hit rate two should keep); and
+    # Serve's default router at both stages. A follow-up that load moves to another
+    # compressor replica loses its whole continuation; one moved to the other generator
+    # loses only its cached blocks.
     "reuse-conv-2g": Setting(
-        "reuse-conv-2g", {**CONVERSATION_ROUTERS, **COMPRESSOR_GAP_2}, None, True
+        "reuse-conv-2g", {**NO_PASSAGE_PATH, **AFFINITY_ROUTERS, **queue_gaps(2, 2)}, None, True
     ),
     "reuse-conv-2g-cgap4": Setting(
-        "reuse-conv-2g-cgap4", {**CONVERSATION_ROUTERS, **COMPRESSOR_GAP_4}, None, True
+        "reuse-conv-2g-cgap4",
+        {**NO_PASSAGE_PATH, **AFFINITY_ROUTERS, **queue_gaps(2, 4)},
+        None,
+        True,
     ),
     "reuse-conv-1g": Setting(
-        "reuse-conv-1g", {**CONVERSATION_ROUTERS, **COMPRESSOR_GAP_4, **ONE_GENERATOR}, None, True
+        "reuse-conv-1g",
+        {**NO_PASSAGE_PATH, **AFFINITY_ROUTERS, **queue_gaps(2, 4), **ONE_GENERATOR},
+        None,
+        True,
+    ),
+    "reuse-conv-2g-p2c": Setting(
+        "reuse-conv-2g-p2c", {**NO_PASSAGE_PATH, **DEFAULT_ROUTERS}, None, True
     ),
     # The scale profile's own generator router, Ray Serve LLM's prefix-cache-affine one
     # (a continued follow-up's prompt text opens with the previous prompt's).
     "reuse-2g-prefix": Setting(
         "reuse-2g-prefix",
-        {**AFFINITY_ROUTERS, "generator.request_router.kind": "prefix_cache_affinity"},
+        {
+            **PASSAGE_PATH,
+            **AFFINITY_ROUTERS,
+            "generator.request_router.kind": "prefix_cache_affinity",
+        },
         None,
         True,
     ),
@@ -288,6 +309,8 @@ COMPARISONS = (
     ("reuse-conv-2g-cgap4", "reuse-conv-1g"),
     ("reuse-conv-2g", "reuse-conv-1g"),
     ("reuse-conv-2g-cgap4", "reuse-conv-2g"),
+    ("reuse-conv-2g-cgap4", "reuse-conv-2g-p2c"),
+    ("reuse-conv-2g-p2c", "reuse-conv-1g"),
 )
 # Serve's access log lines of a finished generator and compressor call: "rag_Generator
 # <replica> <request> -- CALL generate OK"; counted per replica, they give each replica's

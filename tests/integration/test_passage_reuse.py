@@ -144,7 +144,7 @@ def test_every_follow_up_continues_its_conversation_on_the_replica_that_prepared
     # is continued only where its earlier turns are remembered. Sent by Serve's default
     # router, all six would find them with odds of about 1 in 64.
     # compression.reuse is on by default: the request does not ask for it.
-    reuse = {"method": "none"}
+    no_compression = {"method": "none"}
     openings = [
         ("What is float glass poured onto?", "How is it cooled?", "What is that oven called?"),
         ("How do honey bees find flowers?", "What gives the distance?", "How many eggs a day?"),
@@ -153,7 +153,7 @@ def test_every_follow_up_continues_its_conversation_on_the_replica_that_prepared
     for questions in openings:
         history: list[dict[str, str]] = []
         for turn, question in enumerate(questions):
-            answer = ask(client, question, history=history, compression=reuse)
+            answer = ask(client, question, history=history, compression=no_compression)
             usage = answer["usage"]
             assert usage["continued_turns"] == turn, (question, usage)
             if turn:

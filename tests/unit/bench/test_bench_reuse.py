@@ -484,3 +484,8 @@ def test_the_shipped_layouts_router_settings_pin_both_queue_gaps():
         assert overrides["compression.request_router.imbalanced_threshold"] == compressor_gap
     assert SETTINGS["reuse-conv-1g"].overrides["generator.deployment.num_replicas"] == 1
     assert "generator.deployment.num_replicas" not in SETTINGS["reuse-conv-2g"].overrides
+    assert SETTINGS["reuse-conv-2g-p2c"].overrides == {
+        "compression.reuse.path_passages": 0,
+        "generator.request_router.kind": "power_of_two",
+        "compression.request_router.kind": "power_of_two",
+    }
