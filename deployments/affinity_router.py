@@ -3,7 +3,9 @@
 conversation router, which differ only in the key they read from a call.
 
 It keeps no state beyond Serve's own queue-length cache: no actor to reach, so a lost node
-cannot hang a call in routing; a lost replica moves only the keys it held.
+cannot hang a call in routing; a lost replica moves only the keys it held. It counts where
+each keyed call went (deployments.metrics.affinity_calls_counter): a call moved off its
+key's replica is a cache miss the load bound chose.
 """
 
 from __future__ import annotations
@@ -13,16 +15,22 @@ from ray.serve.request_router import (
     LocalityMixin,
     MultiplexMixin,
     PendingRequest,
+    ReplicaID,
+    ReplicaResult,
     RequestRouter,
     RunningReplica,
 )
 
+from deployments.metrics import affinity_calls_counter
 from generation.routing import bounded_choice, rendezvous_order
 
 
 class AffinityRouter(FIFOMixin, LocalityMixin, MultiplexMixin, RequestRouter):
+    stage = ""  # the stage whose replicas it picks, as the routed-calls counter names it
+
     def initialize_state(self, max_queue_gap: float | None = 2.0) -> None:
         self._max_queue_gap = max_queue_gap
+        self._routed_calls = affinity_calls_counter()
 
     def routing_key(self, pending_request: PendingRequest | None) -> str:
         """The call's key, "" for a call that carries none (any replica may take it)."""
@@ -45,3 +53,14 @@ class AffinityRouter(FIFOMixin, LocalityMixin, MultiplexMixin, RequestRouter):
         queues = {name: cache.get(replica.replica_id) for name, replica in by_id.items()}
         first = bounded_choice(order, queues, self._max_queue_gap)
         return [[by_id[first]], [by_id[name] for name in order if name != first]]
+
+    def on_request_routed(
+        self, pending_request: PendingRequest, replica_id: ReplicaID, result: ReplicaResult
+    ) -> None:
+        """Count a keyed call that had a choice of replicas: kept on its key's or moved."""
+        key = self.routing_key(pending_request)
+        replicas = [replica.to_full_id_str() for replica in self.curr_replicas]
+        if not key or len(replicas) < 2:
+            return
+        kept = replica_id.to_full_id_str() == rendezvous_order(key, replicas)[0]
+        self._routed_calls.inc(tags={"stage": self.stage, "outcome": "kept" if kept else "moved"})

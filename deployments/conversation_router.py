@@ -18,6 +18,8 @@ from prepare.continuation import conversation_key
 
 
 class ConversationAffinityRouter(AffinityRouter):
+    stage = "compressor"
+
     def routing_key(self, pending_request: PendingRequest | None) -> str:
         return routing_key(pending_request)
 

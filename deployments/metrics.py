@@ -22,6 +22,21 @@ def error_counter():  # -> ray.serve.metrics.Counter (imported in the worker, as
     )
 
 
+def affinity_calls_counter():  # -> ray.serve.metrics.Counter
+    """Keyed calls the affinity routers (deployments.affinity_router) placed, by stage and by
+    outcome: "kept" on the replica their key prefers, or "moved" off it by load (the queue
+    gap, or the preferred replica refusing the call). Recorded where the router runs, in the
+    ingress replicas."""
+    from ray.serve import metrics
+
+    return metrics.Counter(
+        "rag_affinity_routed_calls",
+        description="Keyed calls placed by the affinity routers, by stage and by whether "
+        "they went to their key's replica (kept) or load moved them (moved).",
+        tag_keys=("stage", "outcome"),
+    )
+
+
 class PipelineMetrics:
     """The pipeline's MetricsSink; created inside the ingress replica (Ray metrics need a
     running worker)."""

@@ -14,6 +14,8 @@ from pipeline.messages import GenerationRequest
 
 
 class PassageAffinityRouter(AffinityRouter):
+    stage = "generator"
+
     def routing_key(self, pending_request: PendingRequest | None) -> str:
         return routing_key(pending_request)
 

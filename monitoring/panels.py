@@ -33,6 +33,7 @@ APPLICATION_LABELLED = frozenset(
         "ray_rag_compression_ratio",
         "ray_rag_prompt_tokens_total",
         "ray_rag_cached_prompt_tokens_total",
+        "ray_rag_affinity_routed_calls_total",
         "ray_rag_requests_completed_total",
         "ray_rag_context_tokens_total",
         "ray_rag_request_errors_total",
@@ -225,6 +226,8 @@ RETRIEVER = RowSpec(
     ),
 )
 
+KEPT_ON_KEY = 'outcome="kept"'
+
 GENERATOR = RowSpec(
     300,
     "Generator (vLLM)",
@@ -291,6 +294,25 @@ GENERATOR = RowSpec(
                     f"sum by (segment) ({_rate('ray_rag_cached_prompt_tokens_total')}) / "
                     f"scalar(sum({_rate('ray_rag_prompt_tokens_total')}))",
                     "{{segment}}",
+                ),
+            ),
+        ),
+        PanelSpec(
+            307,
+            "Calls kept on their key's replica",
+            "Affinity routers (generator.request_router.kind: passage_affinity, "
+            "compression.request_router.kind: conversation_affinity), by stage: the share of "
+            "keyed calls placed on the replica their key prefers. The rest were moved by load, "
+            "each a likely miss: of the prefix cache at the generator, of the remembered "
+            "conversation at the compressor. No series for a stage with one replica or "
+            "another router.",
+            "percentunit",
+            (
+                Line(
+                    "sum by (stage) ("
+                    f"{_rate('ray_rag_affinity_routed_calls_total', KEPT_ON_KEY)}) / "
+                    f"sum by (stage) ({_rate('ray_rag_affinity_routed_calls_total')})",
+                    "{{stage}}",
                 ),
             ),
         ),

@@ -125,3 +125,40 @@ def test_the_conversation_router_has_no_key_for_other_calls():
     assert conversation_router.routing_key(SimpleNamespace(args=["an answer", ()])) == ""
     assert conversation_router.routing_key(SimpleNamespace(args=[Conversation("q")])) == ""
     assert conversation_router.routing_key(None) == ""
+
+
+class Counted:
+    def __init__(self) -> None:
+        self.tags: list[dict[str, str]] = []
+
+    def inc(self, value: float = 1.0, tags: dict[str, str] | None = None) -> None:
+        self.tags.append(dict(tags or {}))
+
+
+def routed(replica: str, key: str, replicas=("a", "b", "c")) -> list[dict[str, str]]:
+    counter = Counted()
+    state = SimpleNamespace(
+        stage="generator",
+        curr_replicas={ReplicaId(name): Replica(ReplicaId(name)) for name in replicas},
+        routing_key=lambda request: request.key if request is not None else "",
+        _routed_calls=counter,
+    )
+    AffinityRouter.on_request_routed(state, pending(key), ReplicaId(replica), None)
+    return counter.tags
+
+
+def test_a_keyed_call_is_counted_as_kept_on_its_keys_replica_or_moved_off_it():
+    order = rendezvous_order("passage", ["a", "b", "c"])
+
+    assert routed(order[0], "passage") == [{"stage": "generator", "outcome": "kept"}]
+    assert routed(order[1], "passage") == [{"stage": "generator", "outcome": "moved"}]
+
+
+def test_a_call_without_a_key_or_a_choice_of_replicas_is_not_counted():
+    assert routed("a", "") == []
+    assert routed("a", "passage", replicas=("a",)) == []
+
+
+def test_each_router_names_its_stage():
+    assert passage_router.PassageAffinityRouter.stage == "generator"
+    assert conversation_router.ConversationAffinityRouter.stage == "compressor"
