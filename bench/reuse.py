@@ -156,10 +156,6 @@ AFFINITY_ROUTERS: dict[str, object] = {
     "generator.request_router.kind": "passage_affinity",
     "compression.request_router.kind": "conversation_affinity",
 }
-QUEUE_GAP_3: dict[str, object] = {
-    "generator.request_router.imbalanced_threshold": 3,
-    "compression.request_router.imbalanced_threshold": 3,
-}
 NO_PASSAGE_PATH: dict[str, object] = {"compression.reuse.path_passages": 0}
 
 
@@ -242,11 +238,11 @@ SETTINGS = {
     # The affinity routers held to a queue gap of 3 at both stages (2 by default): at four
     # requests at a time, load overrides affinity only when one replica holds them all.
     "reuse-2g-gap3": Setting(
-        "reuse-2g-gap3", {**PASSAGE_PATH, **AFFINITY_ROUTERS, **QUEUE_GAP_3}, None, True
+        "reuse-2g-gap3", {**PASSAGE_PATH, **AFFINITY_ROUTERS, **queue_gaps(3, 3)}, None, True
     ),
     # The shipped layout (path_passages 0) over the scale profile, affinity routers at both
-    # stages, the generator's queue gap at 2: the compressor's gap at 2 (the default until
-    # 2026-12-06) against 4, and one generator replica (the hit rate two should keep); and
+    # stages, the generator's queue gap at 2: the compressor's gap at 2 (its default, as the
+    # generator's) against 4, and one generator replica (the hit rate two should keep); and
     # Serve's default router at both stages. A follow-up that load moves to another
     # compressor replica loses its whole continuation; one moved to the other generator
     # loses only its cached blocks.
