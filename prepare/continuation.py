@@ -24,6 +24,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from pipeline.messages import Conversation, Turn
+from prepare.context import ContextChunk
 from prepare.memo import BoundedLru, parts_digest
 
 
@@ -101,3 +102,61 @@ class SentTurns:
             turns.append(Turn("user", found.content))
             sent.append(found)
         return tuple(turns), sent
+
+
+def fully_shown(chunk: ContextChunk, shown: Mapping[str, frozenset[str]]) -> bool:
+    """Whether earlier turns showed every sentence of `chunk`."""
+    return bool(chunk.sentences) and set(chunk.sentences) <= shown.get(chunk.chunk_id, set())
+
+
+def without_shown(
+    chunks: Sequence[ContextChunk], shown: Mapping[str, frozenset[str]]
+) -> tuple[list[ContextChunk], list[ContextChunk]]:
+    """(`chunks` less the sentences earlier turns showed, those left with none)."""
+    rest: list[ContextChunk] = []
+    gone: list[ContextChunk] = []
+    for chunk in chunks:
+        before = shown.get(chunk.chunk_id)
+        if not before or not chunk.sentences:
+            rest.append(chunk)
+            continue
+        new = tuple(sentence for sentence in chunk.sentences if sentence not in before)
+        if not new:
+            gone.append(chunk)
+        elif len(new) < len(chunk.sentences):
+            rest.append(chunk.with_text(" ".join(new), new))
+        else:
+            rest.append(chunk)
+    return rest, gone
+
+
+def with_notes(
+    kept: Sequence[ContextChunk], notes: Sequence[ContextChunk], retrieved: Sequence[str]
+) -> list[ContextChunk]:
+    """`kept` in its order, each note before the first kept passage ranked below it in
+    `retrieved` (chunk ids, best first)."""
+    if not notes:
+        return list(kept)
+    rank = {chunk_id: index for index, chunk_id in enumerate(retrieved)}
+    last = len(rank)
+    waiting = sorted(notes, key=lambda note: rank.get(note.chunk_id, last))
+    placed: list[ContextChunk] = []
+    for chunk in kept:
+        while waiting and rank.get(waiting[0].chunk_id, last) < rank.get(chunk.chunk_id, last):
+            placed.append(waiting.pop(0))
+        placed.append(chunk)
+    return placed + waiting
+
+
+def opening_passage(
+    history: Sequence[Turn], continued: Sequence[SentTurn], kept: Sequence[ContextChunk]
+) -> str:
+    """The chunk id of the passage that opens the prompt past the system prompt (its
+    first source, or its first earlier turn's where that turn goes as it was sent), "" for
+    none: what a router keeps together, so that a conversation's follow-ups meet the
+    engine that prefilled its first question."""
+    if not history:
+        return kept[0].chunk_id if kept else ""
+    if continued and history[0].content == continued[0].content:
+        return continued[0].first_source
+    return ""

@@ -30,7 +30,17 @@ from prepare.budget import context_budget_tokens, fit_to_budget, source_cost
 from prepare.chat_tokens import ChatTokens
 from prepare.compression import ChunkCompressor, count_context_tokens
 from prepare.context import ContextChunk
-from prepare.continuation import SentTurn, SentTurns, shown_sentences, turn_key, turn_scope
+from prepare.continuation import (
+    SentTurn,
+    SentTurns,
+    fully_shown,
+    opening_passage,
+    shown_sentences,
+    turn_key,
+    turn_scope,
+    with_notes,
+    without_shown,
+)
 from prepare.cost_model import CompressionCostModel
 from prepare.llmlingua_compressor import LLMLinguaCompressor, LLMLinguaOptions, ScorerDType
 from prepare.methods import NO_COMPRESSION, ContextSize, compress_chunks, decide, get_method
@@ -279,7 +289,7 @@ class PromptPreparer:
         new: list[ContextChunk] = []
         old: list[ContextChunk] = []
         for chunk in chunks:
-            (old if _fully_shown(chunk, shown) else new).append(chunk)
+            (old if fully_shown(chunk, shown) else new).append(chunk)
         fixed_tokens, room = self._sources_room(system_prompt, question, history, max_output_tokens)
         # The room the new passages need: as much as the plan's compression leaves of them.
         new_tokens = count_context_tokens(new, self._count)
@@ -405,12 +415,12 @@ class PromptPreparer:
             self._sentence_prefilter_rate,
         )
         if shown_before:  # what compression kept of a passage shown before: its new sentences
-            compressed, all_shown = _unshown(compressed, shown_before)
+            compressed, all_shown = without_shown(compressed, shown_before)
             shown += all_shown
         compress_ms = (time.perf_counter() - compress_started) * 1000
         notes, notes_cost = self._shown_notes(shown, budget) if continued else ([], 0)
         kept, truncated = fit_to_budget(compressed, count, budget - notes_cost)
-        rendered = _with_notes(kept, notes, retrieved)  # the sources as the prompt shows them
+        rendered = with_notes(kept, notes, retrieved)  # the sources as the prompt shows them
         # Each rendered passage's text tokens, and as rendered in its source tags: counted
         # once for the usage figures, the layout and the reuse view alike.
         text_tokens = [count(chunk.text) for chunk in rendered]
@@ -451,7 +461,7 @@ class PromptPreparer:
             reused_passages=reused,
             reused_passage_tokens=sum(text_tokens[:reused]),
             continued_turns=len(continued),
-            opening_passage=_opening_passage(history, continued, kept),
+            opening_passage=opening_passage(history, continued, kept),
         )
 
     def _shown_notes(
@@ -574,64 +584,6 @@ class PromptPreparer:
             text=neutralize(chunk.text, self._reserved),
             sentences=tuple(neutralize(s, self._reserved) for s in chunk.sentences),
         )
-
-
-def _fully_shown(chunk: ContextChunk, shown: Mapping[str, frozenset[str]]) -> bool:
-    """Whether earlier turns showed every sentence of `chunk`."""
-    return bool(chunk.sentences) and set(chunk.sentences) <= shown.get(chunk.chunk_id, set())
-
-
-def _unshown(
-    chunks: Sequence[ContextChunk], shown: Mapping[str, frozenset[str]]
-) -> tuple[list[ContextChunk], list[ContextChunk]]:
-    """(`chunks` less the sentences earlier turns showed, those left with none)."""
-    rest: list[ContextChunk] = []
-    gone: list[ContextChunk] = []
-    for chunk in chunks:
-        before = shown.get(chunk.chunk_id)
-        if not before or not chunk.sentences:
-            rest.append(chunk)
-            continue
-        new = tuple(sentence for sentence in chunk.sentences if sentence not in before)
-        if not new:
-            gone.append(chunk)
-        elif len(new) < len(chunk.sentences):
-            rest.append(chunk.with_text(" ".join(new), new))
-        else:
-            rest.append(chunk)
-    return rest, gone
-
-
-def _with_notes(
-    kept: Sequence[ContextChunk], notes: Sequence[ContextChunk], retrieved: Sequence[str]
-) -> list[ContextChunk]:
-    """`kept` in its order, each note before the first kept passage ranked below it in
-    `retrieved` (chunk ids, best first)."""
-    if not notes:
-        return list(kept)
-    rank = {chunk_id: index for index, chunk_id in enumerate(retrieved)}
-    last = len(rank)
-    waiting = sorted(notes, key=lambda note: rank.get(note.chunk_id, last))
-    placed: list[ContextChunk] = []
-    for chunk in kept:
-        while waiting and rank.get(waiting[0].chunk_id, last) < rank.get(chunk.chunk_id, last):
-            placed.append(waiting.pop(0))
-        placed.append(chunk)
-    return placed + waiting
-
-
-def _opening_passage(
-    history: Sequence[Turn], continued: Sequence[SentTurn], kept: Sequence[ContextChunk]
-) -> str:
-    """The chunk id of the passage that opens the prompt past the system prompt (its
-    first source, or its first earlier turn's where that turn goes as it was sent), "" for
-    none: what a router keeps together, so that a conversation's follow-ups meet the
-    engine that prefilled its first question."""
-    if not history:
-        return kept[0].chunk_id if kept else ""
-    if continued and history[0].content == continued[0].content:
-        return continued[0].first_source
-    return ""
 
 
 def _passage_key(chunk: ContextChunk) -> str:

@@ -13,8 +13,8 @@ from test_prepare_preparation import PLAIN_SPECS, PROMPTS, WordTokenizer, corpus
 from pipeline.messages import CompressionPlan, Conversation, Turn
 from prepare.config import PassageReuseConfig
 from prepare.context import ContextChunk
-from prepare.continuation import SentTurn, SentTurns, turn_key, turn_scope
-from prepare.preparation import PromptPreparer, _with_notes
+from prepare.continuation import SentTurn, SentTurns, turn_key, turn_scope, with_notes
+from prepare.preparation import PromptPreparer
 from prepare.prompt import SHOWN_ABOVE
 from prepare.reuse import PassageCacheView
 
@@ -371,9 +371,9 @@ def test_notes_go_before_the_first_kept_passage_ranked_below_them_and_keep_its_o
 
     retrieved = list("abcde")
     kept = [chunk("d"), chunk("b")]  # not in rank order: left as it is
-    placed = _with_notes(kept, [chunk("e"), chunk("c"), chunk("a")], retrieved)
+    placed = with_notes(kept, [chunk("e"), chunk("c"), chunk("a")], retrieved)
     assert [c.chunk_id for c in placed] == ["a", "c", "d", "b", "e"]
-    assert _with_notes(kept, [], retrieved) == kept
+    assert with_notes(kept, [], retrieved) == kept
 
 
 class CountingWords(WordTokenizer):
