@@ -697,6 +697,67 @@ def _continued_table(
     )
 
 
+def _by_question_table(
+    plan: dict[str, dict[str, Any]], runs: dict[str, list[dict[str, list[dict[str, Any]]]]]
+) -> list[str]:
+    """Per conversation phase, comparison and question number, the follow-ups' median
+    per-request TTFT ratio with its paired interval, beside each side's mean prompt and
+    uncached prompt tokens: a continued prompt grows by each earlier turn's sources, so what
+    it saves in uncached tokens and what attending to a longer prompt costs change with
+    the question's place in its conversation."""
+    rows = []
+    for phase, info in plan.items():
+        if phase not in CONVERSATION_PHASES:
+            continue
+        per_request = {name: _ttfts(setting_runs, phase) for name, setting_runs in runs.items()}
+        prompt = {name: _tokens(setting_runs, phase, False) for name, setting_runs in runs.items()}
+        uncached = {name: _tokens(setting_runs, phase, True) for name, setting_runs in runs.items()}
+        turns = sorted({item.get("turn", 0) for item in info["items"]})
+        for a, b in COMPARISONS:
+            if a not in per_request or b not in per_request:
+                continue
+            for turn in turns:
+                keep = [i for i, item in enumerate(info["items"]) if item.get("turn", 0) == turn]
+                interval = ratio_interval(
+                    [per_request[a][i] for i in keep], [per_request[b][i] for i in keep]
+                )
+                rows.append([
+                    phase, turn + 1, f"{a} / {b}", fmt_ratio(interval, len(keep)),
+                    0 if interval is None else interval.n,
+                    f"{_mean_tokens(prompt[a], keep)} / {_mean_tokens(prompt[b], keep)}",
+                    f"{_mean_tokens(uncached[a], keep)} / {_mean_tokens(uncached[b], keep)}",
+                ])  # fmt: skip
+    return _section(
+        "TTFT by question of its conversation (1: the first question), median per-request "
+        "ratio with its paired 95% interval, and each side's mean prompt tokens and "
+        "uncached prompt tokens (a / b):",
+        ["phase", "question", "comparison", "ratio [95% CI]", "n", "prompt tokens",
+         "uncached tokens"],
+        rows,
+        (1, 4),
+    )  # fmt: skip
+
+
+def _tokens(
+    runs: Sequence[dict[str, list[dict[str, Any]]]], phase: str, uncached: bool
+) -> list[float | None]:
+    """Per request, its mean prompt tokens over the runs that answered it (less the cached
+    ones where `uncached`)."""
+
+    def tokens(record: dict[str, Any]) -> float | None:
+        prompt = record.get("usage_prompt_tokens")
+        if prompt is None:
+            return None
+        return prompt - (record.get("usage_cached_prompt_tokens") or 0) if uncached else prompt
+
+    return _per_request(runs, phase, tokens)
+
+
+def _mean_tokens(values: Sequence[float | None], keep: Sequence[int]) -> str:
+    kept = [v for i in keep if (v := values[i]) is not None]
+    return f"{sum(kept) / len(kept):.0f}" if kept else "-"
+
+
 def report(results: dict[str, Any]) -> str:
     """The Markdown report of a saved run (results.json)."""
     plan = {p["name"]: p for p in results["phases"]}
@@ -760,6 +821,7 @@ def report(results: dict[str, Any]) -> str:
         *_prepare_table(prepare),
         *_answers_table(plan, runs),
         *_continued_table(plan, runs),
+        *_by_question_table(plan, runs),
         *_replica_shares(results),
         *_replica_shares(results, "compressor"),
     ]

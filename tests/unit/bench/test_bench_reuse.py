@@ -458,6 +458,48 @@ def test_the_report_counts_the_follow_ups_whose_prompt_continued_the_one_before(
     assert "| today |" not in text  # records without the count are not counted as misses
 
 
+def test_the_report_compares_ttft_by_question_beside_each_sides_prompt_tokens():
+    # Two stories of three questions: each question number has two paired requests.
+    items = conversation_items("x", turns=3) + conversation_items("x", turns=3)
+
+    def timed(ttfts: list[float], prompts: list[int], cached: list[int]) -> list[dict]:
+        return [
+            record(t, c) | {"index": i, "answer": "x", "usage_prompt_tokens": p}
+            for i, (t, p, c) in enumerate(zip(ttfts, prompts, cached, strict=True))
+        ]
+
+    today = timed([100, 100, 100] * 2, [500, 520, 540] * 2, [128, 128, 128] * 2)
+    # Reuse: the second question twice as fast, the third slower, its prompt longer.
+    reuse = timed([100, 50, 150] * 2, [500, 800, 1200] * 2, [128, 600, 900] * 2)
+    results = saved(
+        "conversation-c4",
+        items,
+        [{"setting": "today", "records": {"conversation-c4": today}},
+         {"setting": "reuse", "records": {"conversation-c4": reuse}}],
+    )  # fmt: skip
+
+    text = report(results).split("TTFT by question")[1]
+
+    rows = [line for line in text.splitlines() if line.startswith("| conversation-c4")]
+    assert rows[0].startswith("| conversation-c4 | 1 | reuse / today | 1.00x")
+    assert "| 2 | 500 / 500 | 372 / 372 |" in rows[0]
+    assert rows[1].startswith("| conversation-c4 | 2 | reuse / today | 0.50x")
+    assert "| 2 | 800 / 520 | 200 / 392 |" in rows[1]
+    assert rows[2].startswith("| conversation-c4 | 3 | reuse / today | 1.50x")
+    assert "| 2 | 1200 / 540 | 300 / 412 |" in rows[2]
+    assert len(rows) == 3
+
+
+def test_a_single_question_phase_has_no_table_by_question():
+    items = [{"question_id": "q", "question": "?", "paragraph_id": "p", "warm": False,
+              "golds": ["x"]}] * 2  # fmt: skip
+    runs = [
+        {"setting": name, "records": {"skewed-c1": [record(100) | {"index": i} for i in range(2)]}}
+        for name in ("today", "reuse")
+    ]
+    assert "TTFT by question" not in report(saved("skewed-c1", items, runs))
+
+
 def test_the_generator_overrides_name_the_reader_and_the_window_only_when_asked():
     assert reuse_module.generator_overrides(None, None) is None
     qwen = reuse_module.generator_overrides("qwen2.5-coder-1.5b-instruct", None)
