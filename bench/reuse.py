@@ -197,6 +197,15 @@ SETTINGS = {
     # The shipped reuse: only conversations continued, a question without history in
     # today's layout (compression.reuse.path_passages: 0), follow-ups as reuse-top1's.
     "reuse-conv": Setting("reuse-conv", {"compression.reuse.path_passages": 0}, None, True),
+    # The same with follow-ups continued only while their prompt without sources stays
+    # within 1,200 tokens: on v30's SmolLM2 runs, about the second question's and not the
+    # third's (compression.reuse.max_continued_tokens).
+    "reuse-conv-cap1200": Setting(
+        "reuse-conv-cap1200",
+        {"compression.reuse.path_passages": 0, "compression.reuse.max_continued_tokens": 1200},
+        None,
+        True,
+    ),
     # Two compressor replicas, each remembering only the turns it prepared: Serve's default
     # router against the conversation router (deployments.conversation_router). Their
     # scheduling label lowered so that both fit the 2-core default beside the generator.
@@ -291,6 +300,8 @@ COMPARISONS = (
     ("reuse-pointer", "reuse-top1"),
     ("reuse-conv", "today"),
     ("reuse-conv", "reuse-top1"),
+    ("reuse-conv-cap1200", "today"),
+    ("reuse-conv-cap1200", "reuse-conv"),
     ("reuse", "naive"),
     ("today", "naive"),
     ("today-b32", "today-b128"),

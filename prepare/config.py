@@ -204,6 +204,17 @@ class PassageReuseConfig(StrictModel):
         "saying it is above, so the reader knows where the best evidence is "
         "(docs/benchmarks.md, conversations).",
     )
+    max_continued_tokens: int | None = Field(
+        None,
+        ge=1,
+        description="Longest prompt, without the turn's own sources, that a follow-up "
+        "continues: past it the follow-up goes in the plain layout (its history as the "
+        "client sent it, bounded by conversation.history_max_tokens). A continued prompt "
+        "grows by each earlier turn's sources, and attending to it costs: a small reader "
+        "(SmolLM2 four at a time) was faster on a second question and slower on later ones, "
+        "where the 1.5B reader showed no detectable difference (docs/benchmarks.md, "
+        "conversations). None (the default): no bound but the context window.",
+    )
     remembered_turns: int = Field(
         4096,
         ge=0,

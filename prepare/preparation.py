@@ -114,6 +114,7 @@ class PromptPreparer:
         remembered_counts: int = 16384,
         resend_top_passages: int = 1,
         point_to_shown: bool = False,
+        max_continued_tokens: int | None = None,
     ) -> None:
         self._tokenizer = tokenizer
         # Prompts' counts from their messages' (a continued history's sent questions are
@@ -136,6 +137,9 @@ class PromptPreparer:
         # as shown leaves a note in its place where `point_to_shown`.
         self._resend_top_passages = resend_top_passages
         self._point_to_shown = point_to_shown
+        # A follow-up whose continued prompt (without its sources) would pass this goes in
+        # the plain layout (None: only the context window bounds it).
+        self._max_continued_tokens = max_continued_tokens
         # prepare() runs on several threads at once (asyncio.to_thread); the view is shared.
         self._passage_cache_lock = threading.Lock()
         self._system_prompts = dict(system_prompts)
@@ -185,6 +189,7 @@ class PromptPreparer:
         remembered_counts: int = 16384,
         resend_top_passages: int = 1,
         point_to_shown: bool = False,
+        max_continued_tokens: int | None = None,
     ) -> PromptPreparer:
         """Load what preparation needs: the serving tokenizer, the index's sentence store
         (for sentence selection) and LLMLingua's scorer, each only when given;
@@ -215,6 +220,7 @@ class PromptPreparer:
             remembered_counts,
             resend_top_passages,
             point_to_shown,
+            max_continued_tokens,
         )
 
     def settle(self) -> None:
@@ -269,7 +275,8 @@ class PromptPreparer:
         plan: CompressionPlan,
     ) -> _Continuation | None:
         """The fitted history (a tail of the whole, cleaned) continued (_Continuation);
-        None when no question is remembered, or when the longer history
+        None when no question is remembered, when the continued prompt without sources
+        would pass `max_continued_tokens`, or when the longer history
         would leave the passages not shown before less room than the plain one (`budget`)
         does or than the plan's compression would leave of them (its target: where the
         compression keeps more, as sentence selection may by part of a sentence, the budget
@@ -291,6 +298,8 @@ class PromptPreparer:
         for chunk in chunks:
             (old if fully_shown(chunk, shown) else new).append(chunk)
         fixed_tokens, room = self._sources_room(system_prompt, question, history, max_output_tokens)
+        if self._max_continued_tokens is not None and fixed_tokens > self._max_continued_tokens:
+            return None
         # The room the new passages need: as much as the plan's compression leaves of them.
         new_tokens = count_context_tokens(new, self._count)
         wanted = min(

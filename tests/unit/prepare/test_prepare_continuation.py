@@ -15,7 +15,7 @@ from prepare.config import PassageReuseConfig
 from prepare.context import ContextChunk
 from prepare.continuation import SentTurn, SentTurns, turn_key, turn_scope, with_notes
 from prepare.preparation import PromptPreparer
-from prepare.prompt import SHOWN_ABOVE
+from prepare.prompt import SHOWN_ABOVE, build_messages
 from prepare.reuse import PassageCacheView
 
 NONE = CompressionPlan("none", reuse=True)
@@ -113,6 +113,29 @@ def test_a_follow_up_continues_the_first_prompt_and_does_not_resend_its_whole_pa
     assert then.context_tokens_before < asked.context_tokens_before
     # It opens with the passage the first prompt opened with: the router's key for both.
     assert asked.opening_passage == then.opening_passage == asked.sources[0].chunk_id
+
+
+def test_a_follow_up_whose_continued_prompt_would_pass_the_bound_goes_in_the_plain_layout(
+    chunks,
+):
+    first = Conversation("Which alpha?")
+    question = follow_up(first, "alpha0.", "And beta?")
+    unbounded = preparer(SentTurns(16))
+    asked = unbounded.prepare(first, retrieval(*chunks[:3]), NONE, 64)
+    continued = unbounded.prepare(question, retrieval(chunks[2], chunks[3]), NONE, 64)
+    plain = preparer(None).prepare(question, retrieval(chunks[2], chunks[3]), NONE, 64)
+    # Its prompt without this turn's sources: the first prompt, the answer, the question.
+    history = [Turn(m["role"], m["content"]) for m in continued.messages[1:-1]]
+    system = continued.messages[0]["content"]
+    without_sources = WordTokenizer().count_chat(build_messages(system, [], "And beta?", history))
+    assert continued.continued_turns == 1
+
+    for bound, continues in [(without_sources, True), (without_sources - 1, False)]:
+        bounded = preparer(SentTurns(16), max_continued_tokens=bound)
+        assert bounded.prepare(first, retrieval(*chunks[:3]), NONE, 64).messages == asked.messages
+        then = bounded.prepare(question, retrieval(chunks[2], chunks[3]), NONE, 64)
+        assert then.continued_turns == (1 if continues else 0), bound
+        assert then.messages == (continued if continues else plain).messages, bound
 
 
 def test_when_every_passage_was_shown_before_the_follow_up_says_so(chunks):
