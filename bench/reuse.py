@@ -715,11 +715,19 @@ def _by_question_table(
     per-request TTFT ratio with its paired interval, beside each side's mean prompt and
     uncached prompt tokens: a continued prompt grows by each earlier turn's sources, so what
     it saves in uncached tokens and what attending to a longer prompt costs change with
-    the question's place in its conversation."""
+    the question's place in its conversation; and the paired F1 difference where the
+    items carry gold answers."""
+    from bench.squad_metrics import f1
+
     rows = []
     for phase, info in plan.items():
         if phase not in CONVERSATION_PHASES:
             continue
+        golds = [tuple(item.get("golds") or ()) for item in info["items"]]
+        f1s = {
+            name: _per_request(setting_runs, phase, _scored(f1, golds)) if all(golds) else None
+            for name, setting_runs in runs.items()
+        }
         per_request = {name: _ttfts(setting_runs, phase) for name, setting_runs in runs.items()}
         prompt = {name: _tokens(setting_runs, phase, False) for name, setting_runs in runs.items()}
         uncached = {name: _tokens(setting_runs, phase, True) for name, setting_runs in runs.items()}
@@ -732,18 +740,25 @@ def _by_question_table(
                 interval = ratio_interval(
                     [per_request[a][i] for i in keep], [per_request[b][i] for i in keep]
                 )
+                f1_a, f1_b = f1s[a], f1s[b]
+                answers = "-"
+                if f1_a is not None and f1_b is not None:
+                    answers = fmt_difference(paired_difference(zip(
+                        [f1_a[i] for i in keep], [f1_b[i] for i in keep], strict=True
+                    )))  # fmt: skip
                 rows.append([
                     phase, turn + 1, f"{a} / {b}", fmt_ratio(interval, len(keep)),
                     0 if interval is None else interval.n,
                     f"{_mean_tokens(prompt[a], keep)} / {_mean_tokens(prompt[b], keep)}",
                     f"{_mean_tokens(uncached[a], keep)} / {_mean_tokens(uncached[b], keep)}",
+                    answers,
                 ])  # fmt: skip
     return _section(
         "TTFT by question of its conversation (1: the first question), median per-request "
         "ratio with its paired 95% interval, and each side's mean prompt tokens and "
-        "uncached prompt tokens (a / b):",
+        "uncached prompt tokens (a / b), and F1 a − b paired by request:",
         ["phase", "question", "comparison", "ratio [95% CI]", "n", "prompt tokens",
-         "uncached tokens"],
+         "uncached tokens", "F1, a − b"],
         rows,
         (1, 4),
     )  # fmt: skip

@@ -462,13 +462,16 @@ def test_the_report_compares_ttft_by_question_beside_each_sides_prompt_tokens():
     # Two stories of three questions: each question number has two paired requests.
     items = conversation_items("x", turns=3) + conversation_items("x", turns=3)
 
-    def timed(ttfts: list[float], prompts: list[int], cached: list[int]) -> list[dict]:
+    def timed(
+        ttfts: list[float], prompts: list[int], cached: list[int], answers: str = "xxx"
+    ) -> list[dict]:
         return [
-            record(t, c) | {"index": i, "answer": "x", "usage_prompt_tokens": p}
-            for i, (t, p, c) in enumerate(zip(ttfts, prompts, cached, strict=True))
+            record(t, c) | {"index": i, "answer": a, "usage_prompt_tokens": p}
+            for i, (t, p, c, a) in enumerate(zip(ttfts, prompts, cached, answers * 2, strict=True))
         ]
 
-    today = timed([100, 100, 100] * 2, [500, 520, 540] * 2, [128, 128, 128] * 2)
+    # Today's third answers miss their gold.
+    today = timed([100, 100, 100] * 2, [500, 520, 540] * 2, [128, 128, 128] * 2, "xxy")
     # Reuse: the second question twice as fast, the third slower, its prompt longer.
     reuse = timed([100, 50, 150] * 2, [500, 800, 1200] * 2, [128, 600, 900] * 2)
     results = saved(
@@ -486,7 +489,8 @@ def test_the_report_compares_ttft_by_question_beside_each_sides_prompt_tokens():
     assert rows[1].startswith("| conversation-c4 | 2 | reuse / today | 0.50x")
     assert "| 2 | 800 / 520 | 200 / 392 |" in rows[1]
     assert rows[2].startswith("| conversation-c4 | 3 | reuse / today | 1.50x")
-    assert "| 2 | 1200 / 540 | 300 / 412 |" in rows[2]
+    assert "| 2 | 1200 / 540 | 300 / 412 | +1.000" in rows[2]
+    assert "| 2 | 800 / 520 | 200 / 392 | +0.000" in rows[1]
     assert len(rows) == 3
 
 
