@@ -143,9 +143,10 @@ class PassageReuseConfig(StrictModel):
         True,
         description="Default for requests that do not say (compression.reuse in the "
         "request). On (the default): follow-ups continue the prompts before them, answers "
-        "detectably better and no slower to a first token than the plain layout's, and "
-        "single questions go as without reuse, no slower (path_passages 0) "
-        "(docs/benchmarks.md, passage reuse).",
+        "detectably better and no slower to a first token than the plain layout's with the "
+        "1.5B reader (SmolLM2, four at a time, was slower from a conversation's third "
+        "question in one of two runs: see max_continued_tokens), and single questions go as "
+        "without reuse, no slower (path_passages 0) (docs/benchmarks.md, passage reuse).",
     )
     capacity_tokens: int = Field(
         16384,
@@ -209,11 +210,13 @@ class PassageReuseConfig(StrictModel):
         ge=1,
         description="Longest prompt, without the turn's own sources, that a follow-up "
         "continues: past it the follow-up goes in the plain layout (its history as the "
-        "client sent it, bounded by conversation.history_max_tokens). A continued prompt "
-        "grows by each earlier turn's sources, and attending to it costs: a small reader "
-        "(SmolLM2 four at a time) was faster on a second question and slower on later ones, "
-        "where the 1.5B reader showed no detectable difference (docs/benchmarks.md, "
-        "conversations). None (the default): no bound but the context window.",
+        "client sent it, bounded by conversation.history_max_tokens), and so do the later "
+        "ones. A continued prompt grows by each earlier turn's sources: with SmolLM2 four at "
+        "a time, later follow-ups were slower than the plain layout's in one run and not "
+        "detectably in another, where a bound of 1,200 showed no detectable difference from "
+        "none; with the 1.5B reader later follow-ups were no slower and their answers often "
+        "better (docs/benchmarks.md, 'Follow-ups by question'). None (the default): no bound "
+        "but the context window.",
     )
     remembered_turns: int = Field(
         4096,
