@@ -202,7 +202,7 @@ SETTINGS = {
     # third's (compression.reuse.max_continued_tokens).
     "reuse-conv-cap1200": Setting(
         "reuse-conv-cap1200",
-        {"compression.reuse.path_passages": 0, "compression.reuse.max_continued_tokens": 1200},
+        {**NO_PASSAGE_PATH, "compression.reuse.max_continued_tokens": 1200},
         None,
         True,
     ),
