@@ -26,10 +26,11 @@ from sse_starlette import EventSourceResponse, ServerSentEvent
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import Scope
 
-from app import openai_format, rag_format
+from app import openai_format, rag_format, responses_format, sampling
 from app.admission import BodySizeLimit, CapacityHeader, InFlightGate, KeyRateLimiter
 from app.collections_api import CollectionsBackend, install_collection_routes
 from app.config import RagAppConfig
+from app.embeddings_api import EmbeddingsBackend, install_embedding_route
 from app.error_metrics import ErrorCounter, ErrorSink
 from app.errors import (
     DEADLINE_PASSED,
@@ -58,12 +59,20 @@ from app.schemas import (
     RagOptions,
     RagQueryRequest,
     RagQueryResponse,
+    ResponsesRequest,
 )
 from app.settings import Settings
 from app.upload_budget import UploadBudget, UploadBudgetGate
 from pipeline.config_base import most_replicas
 from pipeline.log import get_logger
-from pipeline.messages import DEFAULT_COLLECTION, CompressionPlan, SearchOptions, Turn
+from pipeline.messages import (
+    DEFAULT_COLLECTION,
+    DEFAULT_SAMPLING,
+    CompressionPlan,
+    Sampling,
+    SearchOptions,
+    Turn,
+)
 from pipeline.rag import (
     DoneEvent,
     FailedEvent,
@@ -102,6 +111,9 @@ class ApiState:
     count_error: ErrorSink = field(default=lambda status, code: None)
     # The collections API's backend (the collection writer); None: collections are off.
     collections: CollectionsBackend | None = None
+    # The retriever's embedder for /v1/embeddings, and the name clients give its model.
+    embeddings: EmbeddingsBackend | None = None
+    embedding_model_id: str = "embeddings"
 
     def retune(self, config: RagAppConfig) -> None:
         """Serve the ingress-only settings of `config` (app.tuning) from the next request
@@ -196,6 +208,11 @@ def create_api(state: ApiState | None = None) -> FastAPI:
         "/v1/chat/completions", _chat_completions, methods=["POST"], responses=ERROR_RESPONSES,
         dependencies=declares_key,
     )  # fmt: skip
+    install_embedding_route(api, declares_key, _state, _admitted)
+    api.add_api_route(
+        "/v1/responses", _responses, methods=["POST"], responses=ERROR_RESPONSES,
+        dependencies=declares_key,
+    )  # fmt: skip
     if state is not None and state.collections is not None:
         install_collection_routes(api, declares_key)
     install_playground(api)
@@ -223,7 +240,8 @@ async def _readyz(request: Request) -> JSONResponse:
 
 async def _models(request: Request) -> ModelList:
     state = _state(request)
-    return ModelList(data=[ModelCard(id=state.config.generator.model_id, created=state.started_at)])
+    models = [state.config.generator.model_id, state.embedding_model_id]
+    return ModelList(data=[ModelCard(id=model, created=state.started_at) for model in models])
 
 
 async def _rag_query(body: RagQueryRequest, request: Request):
@@ -237,22 +255,27 @@ async def _rag_query(body: RagQueryRequest, request: Request):
     return JSONResponse(rag_format.response_body(result))
 
 
-async def _chat_completions(body: ChatCompletionRequest, request: Request):
-    state = _state(request)
-    if body.model != state.config.generator.model_id:
+def _check_model(state: ApiState, model: str) -> None:
+    if model != state.config.generator.model_id:
         raise ApiError(
             404,
-            f"model {body.model!r} does not exist; this service serves "
+            f"model {model!r} does not exist; this service serves "
             f"{state.config.generator.model_id!r}",
             param="model",
             code="model_not_found",
         )
+
+
+async def _chat_completions(body: ChatCompletionRequest, request: Request):
+    state = _state(request)
+    _check_model(state, body.model)
+    sampling.check_refused(body.model_dump(exclude_unset=True))
     chat = openai_format.conversation_of(body)
     max_tokens = body.max_completion_tokens or body.max_tokens
     options = body.rag or RagOptions()
     asked = Asked(
         chat.question, options, max_tokens, body.temperature, chat.history, "messages",
-        chat.positions,
+        chat.positions, openai_format.sampling_of(body), body.n,
     )  # fmt: skip
     query = _query(state, request, asked)
     created = int(time.time())
@@ -262,7 +285,26 @@ async def _chat_completions(body: ChatCompletionRequest, request: Request):
         renderer = openai_format.sse_chunks(query, body.model, created, include_usage, ignored)
         return await _stream(state, query, renderer)
     result = await _collect(state, query)
-    return JSONResponse(openai_format.completion_body(result, body.model, created, ignored))
+    return JSONResponse(
+        openai_format.completion_body(result, body.model, created, ignored, body.logprobs)
+    )
+
+
+async def _responses(body: ResponsesRequest, request: Request):
+    state = _state(request)
+    _check_model(state, body.model)
+    responses_format.check_refused(body)
+    chat = responses_format.conversation_of(body)
+    asked = Asked(
+        chat.question, body.rag or RagOptions(), body.max_output_tokens, body.temperature,
+        chat.history, "input", chat.positions, responses_format.sampling_of(body),
+    )  # fmt: skip
+    query = _query(state, request, asked)
+    builder = responses_format.ResponseBuilder(query, body, int(time.time()))
+    if body.stream:
+        return await _stream(state, query, responses_format.sse_events(builder))
+    result = await _collect(state, query)
+    return JSONResponse(responses_format.response_body(result, builder))
 
 
 @dataclass(frozen=True)
@@ -275,9 +317,11 @@ class Asked:
     temperature: float | None
     history: tuple[Turn, ...] = ()
     # The request field the earlier turns came from, named in a 400 about them.
-    history_param: Literal["history", "messages"] = "history"
+    history_param: Literal["history", "messages", "input"] = "history"
     # The turns' indexes in that field, where they differ from their order.
     positions: tuple[int, ...] | None = None
+    sampling: Sampling = DEFAULT_SAMPLING
+    n: int = 1
 
 
 def _query(state: ApiState, request: Request, asked: Asked) -> RagQuery:
@@ -316,6 +360,8 @@ def _query(state: ApiState, request: Request, asked: Asked) -> RagQuery:
         answer_style=options.answer_style or config.prompt.answer_style,
         citations=config.citations.enabled if options.citations is None else options.citations,
         search=_search(options),
+        sampling=asked.sampling,
+        n=asked.n,
     )
 
 
@@ -376,6 +422,16 @@ def _admit(state: ApiState) -> None:
         raise not_ready(f"not ready: {down or 'starting'}", retry_after_s)
     if not state.gate.try_enter():
         raise at_capacity(state.gate.limit, retry_after_s)
+
+
+@contextlib.asynccontextmanager
+async def _admitted(state: ApiState) -> AsyncIterator[None]:
+    """An in-flight slot for the block, refused at once as `_admit` refuses."""
+    _admit(state)
+    try:
+        yield
+    finally:
+        state.gate.leave()
 
 
 async def _collect(state: ApiState, query: RagQuery) -> RagResult:

@@ -15,17 +15,32 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from openai.types import CompletionUsage
-from openai.types.chat import ChatCompletion, ChatCompletionChunk, ChatCompletionMessage
+from openai.types.chat import (
+    ChatCompletion,
+    ChatCompletionChunk,
+    ChatCompletionMessage,
+    ChatCompletionTokenLogprob,
+)
 from openai.types.chat import chat_completion as completion_types
 from openai.types.chat import chat_completion_chunk as chunk_types
+from openai.types.chat.chat_completion_token_logprob import TopLogprob
 from openai.types.completion_usage import PromptTokensDetails
 from sse_starlette import ServerSentEvent
 
+from app import sampling
 from app.errors import ApiError, bad_request, error_body
 from app.rag_format import DONE, Renderer, response_model, sources_of, sse_event
 from app.schemas import ChatCompletionRequest, ChatMessage
-from pipeline.messages import TokenEvent, Turn
-from pipeline.rag import DoneEvent, FailedEvent, PipelineEvent, RagQuery, RagResult, SourcesEvent
+from pipeline.messages import Sampling, TokenEvent, TokenLogprob, Turn
+from pipeline.rag import (
+    DoneEvent,
+    ExtraChoice,
+    FailedEvent,
+    PipelineEvent,
+    RagQuery,
+    RagResult,
+    SourcesEvent,
+)
 
 
 @dataclass(frozen=True)
@@ -63,6 +78,21 @@ def conversation_of(body: ChatCompletionRequest) -> ChatConversation:
     return ChatConversation(text_of(body.messages[last]), tuple(history), tuple(positions), ignored)
 
 
+def sampling_of(body: ChatCompletionRequest) -> Sampling:
+    """The request's sampling and output fields, checked (app.sampling)."""
+    return sampling.sampling_of(
+        top_p=body.top_p,
+        stop=body.stop,
+        seed=body.seed,
+        presence_penalty=body.presence_penalty,
+        frequency_penalty=body.frequency_penalty,
+        logit_bias=body.logit_bias,
+        logprobs=body.logprobs,
+        top_logprobs=body.top_logprobs,
+        output=sampling.output_format_of(body.response_format),
+    )
+
+
 def text_of(message: ChatMessage) -> str:
     """A message's text: string content or its text parts."""
     if isinstance(message.content, str):
@@ -72,28 +102,68 @@ def text_of(message: ChatMessage) -> str:
 
 
 def usage_of(result: RagResult) -> CompletionUsage:
+    """The prompt once (every choice read the same prompt), the completions of all choices."""
     usage = result.usage
+    completion_tokens = usage.completion_tokens + sum(
+        choice.completion_tokens for choice in result.extra_choices
+    )
     return CompletionUsage(
         prompt_tokens=usage.prompt_tokens,
-        completion_tokens=usage.completion_tokens,
-        total_tokens=usage.prompt_tokens + usage.completion_tokens,
+        completion_tokens=completion_tokens,
+        total_tokens=usage.prompt_tokens + completion_tokens,
         prompt_tokens_details=PromptTokensDetails(cached_tokens=usage.cached_tokens),
     )
 
 
-def completion_body(result: RagResult, model: str, created: int, ignored_system: int = 0) -> dict:
+def logprobs_of(tokens: tuple[TokenLogprob, ...]) -> list[ChatCompletionTokenLogprob]:
+    return [
+        ChatCompletionTokenLogprob(
+            token=token.token,
+            logprob=token.logprob,
+            bytes=list(token.token.encode()),
+            top_logprobs=[
+                TopLogprob(token=text, logprob=value, bytes=list(text.encode()))
+                for text, value in token.top
+            ],
+        )
+        for token in tokens
+    ]
+
+
+def _choice_logprobs(
+    asked: bool, tokens: tuple[TokenLogprob, ...]
+) -> completion_types.ChoiceLogprobs | None:
+    return completion_types.ChoiceLogprobs(content=logprobs_of(tokens)) if asked else None
+
+
+def completion_body(
+    result: RagResult,
+    model: str,
+    created: int,
+    ignored_system: int = 0,
+    with_logprobs: bool = False,
+) -> dict:
+    first = completion_types.Choice(
+        index=0,
+        message=ChatCompletionMessage(role="assistant", content=result.answer),
+        finish_reason=_finish_reason(result.finish_reason),
+        logprobs=_choice_logprobs(with_logprobs, result.logprobs),
+    )
+    others = [
+        completion_types.Choice(
+            index=choice.index,
+            message=ChatCompletionMessage(role="assistant", content=choice.text),
+            finish_reason=_finish_reason(choice.finish_reason),
+            logprobs=_choice_logprobs(with_logprobs, choice.logprobs),
+        )
+        for choice in result.extra_choices
+    ]
     completion = ChatCompletion(
         id=f"chatcmpl-{result.request_id}",
         object="chat.completion",
         created=created,
         model=model,
-        choices=[
-            completion_types.Choice(
-                index=0,
-                message=ChatCompletionMessage(role="assistant", content=result.answer),
-                finish_reason=_finish_reason(result),
-            )
-        ],
+        choices=[first, *others],
         usage=usage_of(result),
         sources=[source.model_dump() for source in sources_of(result.prepared)],
         rag=_rag_extras(result, ignored_system),
@@ -106,29 +176,47 @@ def sse_chunks(
 ) -> Renderer:
     chunk_id = f"chatcmpl-{query.request_id}"
 
-    def chunk(delta: chunk_types.ChoiceDelta, finish_reason=None, **extra) -> ServerSentEvent:
+    with_logprobs = query.sampling.logprobs
+
+    def chunk(
+        delta: chunk_types.ChoiceDelta,
+        finish_reason=None,
+        index: int = 0,
+        logprobs: tuple[TokenLogprob, ...] | None = None,
+        **extra,
+    ) -> ServerSentEvent:
+        choice = chunk_types.Choice(index=index, delta=delta, finish_reason=finish_reason)
+        if with_logprobs and logprobs is not None:
+            choice.logprobs = chunk_types.ChoiceLogprobs(content=logprobs_of(logprobs))
         body = ChatCompletionChunk(
             id=chunk_id,
             object="chat.completion.chunk",
             created=created,
             model=model,
-            choices=[chunk_types.Choice(index=0, delta=delta, finish_reason=finish_reason)],
+            choices=[choice],
             **extra,
         )
         return sse_event(body.model_dump_json(exclude_unset=True))
 
+    def extra_choice(choice: ExtraChoice) -> ServerSentEvent:
+        delta = chunk_types.ChoiceDelta(role="assistant", content=choice.text)
+        return chunk(delta, _finish_reason(choice.finish_reason), choice.index, choice.logprobs)
+
     async def render(events: AsyncIterator[PipelineEvent]) -> AsyncIterator[ServerSentEvent]:
         async for event in events:
             if isinstance(event, TokenEvent):
-                yield chunk(chunk_types.ChoiceDelta(content=event.text))
+                yield chunk(chunk_types.ChoiceDelta(content=event.text), logprobs=event.logprobs)
             elif isinstance(event, SourcesEvent):
                 sources = [source.model_dump() for source in sources_of(event.prepared)]
                 yield chunk(chunk_types.ChoiceDelta(role="assistant", content=""), sources=sources)
             elif isinstance(event, DoneEvent):
                 result = event.result
+                # The other choices were drawn beside the first; each comes whole.
+                for choice in result.extra_choices:
+                    yield extra_choice(choice)
                 yield chunk(
                     chunk_types.ChoiceDelta(),
-                    _finish_reason(result),
+                    _finish_reason(result.finish_reason),
                     rag=_rag_extras(result, ignored_system),
                 )
                 if include_usage:
@@ -150,9 +238,8 @@ def sse_chunks(
     return render
 
 
-def _finish_reason(result: RagResult):
+def _finish_reason(reason: str | None):
     # OpenAI's finish reasons; vLLM's "abort" has no counterpart and reads as a stop.
-    reason = result.finish_reason
     return reason if reason in ("stop", "length", "content_filter") else "stop"
 
 

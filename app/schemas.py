@@ -244,10 +244,62 @@ class ChatMessage(BaseModel):
 
 class StreamOptions(_Strict):
     include_usage: bool = False
+    include_obfuscation: bool | None = Field(None, description="Accepted and ignored.")
 
 
-class ChatCompletionRequest(_Strict):
-    """The OpenAI chat request, minus what a RAG answer cannot honour (n > 1, tools, ...)."""
+class JsonSchemaSpec(_Strict):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    name: str = Field(..., pattern=r"^[A-Za-z0-9_-]{1,64}$", description="The schema's name.")
+    description: str | None = None
+    json_schema: dict[str, Any] = Field(
+        default_factory=dict, alias="schema", description="A JSON Schema the answer must fit."
+    )
+    strict: bool | None = Field(
+        None, description="Accepted; the answer always fits the schema (guided decoding)."
+    )
+
+
+class TextFormat(_Strict):
+    type: Literal["text"]
+
+
+class JsonObjectFormat(_Strict):
+    type: Literal["json_object"]
+
+
+class JsonSchemaFormat(_Strict):
+    type: Literal["json_schema"]
+    json_schema: JsonSchemaSpec
+
+
+ResponseFormat = Annotated[
+    TextFormat | JsonObjectFormat | JsonSchemaFormat, Field(discriminator="type")
+]
+
+# OpenAI's limits: at most 4 stop sequences, 20 alternatives per token.
+MAX_STOP_SEQUENCES = 4
+MAX_TOP_LOGPROBS = 20
+# Answers one request may ask for (n): each is a generation on the same prompt.
+MAX_CHOICES = 8
+MAX_LOGIT_BIAS_ENTRIES = 1024
+
+
+class SamplingFields(_Strict):
+    """OpenAI's sampling fields, shared by the chat and Responses APIs, with vLLM's
+    semantics (an unset field keeps the model's generation-config default)."""
+
+    temperature: float | None = Field(None, ge=0, le=2)
+    top_p: float | None = Field(None, gt=0, le=1, description="Nucleus sampling mass.")
+    seed: int | None = Field(
+        None, ge=-(2**63), lt=2**64, description="With temperature > 0, repeatable draws."
+    )
+
+
+class ChatCompletionRequest(SamplingFields):
+    """OpenAI's chat request. Every standard field is accepted: the sampling fields go to
+    the engine, `response_format` to its guided decoding, `n` draws that many answers from
+    one retrieval and one prompt; `user`, `metadata`, `store` and the like are accepted and
+    ignored; `tools` and audio are refused (docs/api.md has the table)."""
 
     model: str
     messages: list[ChatMessage] = Field(
@@ -259,11 +311,102 @@ class ChatCompletionRequest(_Strict):
     )
     max_tokens: int | None = Field(None, ge=1)
     max_completion_tokens: int | None = Field(None, ge=1)
-    temperature: float | None = Field(None, ge=0, le=2)
     stream: bool = False
     stream_options: StreamOptions | None = None
-    n: int = Field(1, ge=1, le=1, description="Only one choice is generated.")
-    user: str | None = None
+    n: int = Field(1, ge=1, le=MAX_CHOICES, description="Answers to the one prompt.")
+    stop: str | list[str] | None = Field(
+        None, description=f"Up to {MAX_STOP_SEQUENCES} strings where the answer ends."
+    )
+    presence_penalty: float | None = Field(None, ge=-2, le=2)
+    frequency_penalty: float | None = Field(None, ge=-2, le=2)
+    logit_bias: dict[str, float] | None = Field(
+        None, description="Token id (as a string) to a bias in [-100, 100]."
+    )
+    logprobs: bool = False
+    top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
+    response_format: ResponseFormat | None = None
+    tools: list[dict[str, Any]] | None = Field(
+        None, description="Refused unless empty: the service's tool is its own retrieval."
+    )
+    tool_choice: str | dict[str, Any] | None = Field(
+        None, description="'none' or 'auto' without tools; anything else is refused."
+    )
+    parallel_tool_calls: bool | None = Field(None, description="Accepted and ignored.")
+    functions: list[dict[str, Any]] | None = Field(None, description="Refused (tools).")
+    function_call: str | dict[str, Any] | None = Field(None, description="Refused (tools).")
+    audio: dict[str, Any] | None = Field(None, description="Refused: text only.")
+    modalities: list[str] | None = Field(None, description="Only ['text'].")
+    prediction: dict[str, Any] | None = Field(None, description="Refused.")
+    web_search_options: dict[str, Any] | None = Field(None, description="Refused.")
+    user: str | None = Field(None, description="Accepted and ignored.")
+    metadata: dict[str, str] | None = Field(None, description="Accepted and ignored.")
+    store: bool | None = Field(None, description="Accepted and ignored: nothing is stored.")
+    service_tier: str | None = Field(None, description="Accepted and ignored.")
+    reasoning_effort: str | None = Field(None, description="Accepted and ignored.")
+    verbosity: str | None = Field(None, description="Accepted and ignored.")
+    prompt_cache_key: str | None = Field(None, description="Accepted and ignored.")
+    safety_identifier: str | None = Field(None, description="Accepted and ignored.")
+    rag: RagOptions | None = Field(None, description="Retrieval and compression options.")
+
+
+class TextJsonSchemaFormat(_Strict):
+    """The Responses API's `text.format` for a schema (flat: name and schema beside type)."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    type: Literal["json_schema"]
+    name: str = Field(..., pattern=r"^[A-Za-z0-9_-]{1,64}$")
+    description: str | None = None
+    json_schema: dict[str, Any] = Field(default_factory=dict, alias="schema")
+    strict: bool | None = None
+
+
+TextFormatField = Annotated[
+    TextFormat | JsonObjectFormat | TextJsonSchemaFormat, Field(discriminator="type")
+]
+
+
+class ResponseTextOptions(_Strict):
+    format: TextFormatField | None = None
+    verbosity: str | None = Field(None, description="Accepted and ignored.")
+
+
+class ResponsesRequest(SamplingFields):
+    """OpenAI's Responses API request, stateless: `input` is the conversation (a string,
+    or message items, oldest first, the last the user's question); `instructions` are
+    ignored like system messages, since the system prompt is the service's own. `seed` is
+    an extension (vLLM's), as on the chat endpoint. Tools, stored responses and
+    `previous_response_id` are refused (docs/api.md has the table)."""
+
+    model: str
+    input: str | list[dict[str, Any]] = Field(..., description="The question, or message items.")
+    instructions: str | None = Field(None, description="Ignored: the system prompt is fixed.")
+    max_output_tokens: int | None = Field(None, ge=1)
+    stream: bool = False
+    text: ResponseTextOptions | None = None
+    top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
+    store: bool | None = Field(None, description="Only false: responses are not stored.")
+    previous_response_id: str | None = Field(None, description="Refused: stateless.")
+    conversation: str | dict[str, Any] | None = Field(None, description="Refused: stateless.")
+    background: bool | None = Field(None, description="Only false.")
+    tools: list[dict[str, Any]] | None = Field(None, description="Refused unless empty.")
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = Field(None, description="Accepted and ignored.")
+    max_tool_calls: int | None = Field(None, description="Accepted and ignored.")
+    prompt: dict[str, Any] | None = Field(None, description="Refused: no stored prompts.")
+    include: list[str] | None = Field(None, description="Accepted; sources are always included.")
+    reasoning: dict[str, Any] | None = Field(None, description="Accepted and ignored.")
+    truncation: str | None = Field(None, description="Accepted and ignored.")
+    metadata: dict[str, str] | None = Field(None, description="Accepted and ignored.")
+    user: str | None = Field(None, description="Accepted and ignored.")
+    service_tier: str | None = Field(None, description="Accepted and ignored.")
+    stream_options: dict[str, Any] | None = Field(None, description="Accepted and ignored.")
+    prompt_cache_key: str | None = Field(None, description="Accepted and ignored.")
+    prompt_cache_retention: str | None = Field(None, description="Accepted and ignored.")
+    prompt_cache_options: dict[str, Any] | None = Field(None, description="Accepted and ignored.")
+    context_management: list[dict[str, Any]] | dict[str, Any] | None = Field(
+        None, description="Accepted and ignored."
+    )
+    safety_identifier: str | None = Field(None, description="Accepted and ignored.")
     rag: RagOptions | None = Field(None, description="Retrieval and compression options.")
 
 

@@ -32,6 +32,7 @@ from pipeline.messages import (
     Attribution,
     CompressionPlan,
     Conversation,
+    EmbeddedTexts,
     GenerationEvent,
     GenerationRequest,
     PreparedPrompt,
@@ -128,6 +129,13 @@ class HandleStages:
 
     async def _call(self, stage: StageName, send: Callable[[], DeploymentResponse]) -> Any:
         return await call_stage(stage, send, self._available)
+
+    async def embed(self, texts: list[str]) -> EmbeddedTexts | StageError:
+        """The retriever's embeddings of `texts` (app.embeddings_api)."""
+        try:
+            return await self._call("retriever", lambda: self.retriever.embed.remote(texts))
+        except REPLICA_LOST as exc:
+            raise StageUnavailable("retriever", "unavailable", type(exc).__name__) from None
 
 
 async def call_stage(

@@ -31,7 +31,7 @@ from pipeline.config_base import PROJECT_ROOT
 from pipeline.log import get_logger
 from pipeline.rag import RagPipeline
 from prepare.preparation import PromptPreparer
-from retrieval.models import resolve_model_reference
+from retrieval.models import model_name, resolve_model_reference
 
 logger = get_logger(__name__)
 
@@ -80,8 +80,9 @@ class RagIngress:
             return report.checked_at is None or report.stages.get(stage) == "ready"
 
         metrics = PipelineMetrics()
+        stages = HandleStages(retriever, compressor, generator, available)
         pipeline = RagPipeline(
-            HandleStages(retriever, compressor, generator, available),
+            stages,
             fallback=fallback,
             compressor_timeout_s=config.compression.timeout_s,
             metrics=metrics,
@@ -100,6 +101,8 @@ class RagIngress:
             serve_request_id=_serve_request_id,
             count_error=metrics.observe_error,
             collections=HandleCollections(writer, available) if writer is not None else None,
+            embeddings=stages,
+            embedding_model_id=model_name(config.retriever.embedding.model),
         )
         if settings.auth_required and os.environ.get(PROXY_CALLBACK_ENV) != PROXY_CALLBACK:
             logger.warning(

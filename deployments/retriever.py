@@ -24,6 +24,7 @@ from pipeline.log import get_logger
 from pipeline.messages import (
     DEFAULT_COLLECTION,
     DEFAULT_SEARCH,
+    EmbeddedTexts,
     Retrieval,
     SearchOptions,
     StageError,
@@ -129,6 +130,12 @@ class RetrieverDeployment:
             return await asyncio.to_thread(rank)
         except ValueError as exc:  # a mode this index cannot serve (no BM25 part), bad weights
             return StageError(400, str(exc), param="retrieval", code="invalid_retrieval")
+
+    async def embed(self, texts: list[str]) -> EmbeddedTexts:
+        """The texts' unit vectors by the index's own model, through the question batches."""
+        vectors = await asyncio.gather(*(self._embed_batch(text) for text in texts))
+        tokens = await asyncio.to_thread(self._retriever.count_tokens, texts)
+        return EmbeddedTexts(np.stack(vectors), tokens)
 
     async def check_health(self) -> None:
         """Serve's health check: the index is loaded (nothing that waits on requests)."""

@@ -27,8 +27,10 @@ from pipeline.messages import (
     FinishEvent,
     GenerationEvent,
     GenerationRequest,
+    Sampling,
     StageError,
     TokenEvent,
+    TokenLogprob,
     TokenUsage,
 )
 
@@ -93,6 +95,7 @@ class OpenAIEngine:
             "temperature": request.temperature,
             "stream": True,
             "stream_options": {"include_usage": True},
+            **sampling_fields(request.sampling),
         }
         headers = {**self._headers, "X-Request-Id": request.request_id}
         reader = _StreamReader(prompt_tokens)
@@ -186,9 +189,10 @@ class _StreamReader:
         events: list[GenerationEvent] = []
         for choice in chunk.get("choices") or ():
             text = (choice.get("delta") or {}).get("content")
-            if text:
+            logprobs = _logprobs_of(choice.get("logprobs"))
+            if text or logprobs:
                 self.tokens_seen += 1
-                events.append(TokenEvent(str(text)))
+                events.append(TokenEvent(str(text or ""), logprobs))
             if choice.get("finish_reason"):
                 self._reason = str(choice["finish_reason"])
         return events
@@ -200,6 +204,46 @@ class _StreamReader:
             return None
         usage = self._usage or TokenUsage(self._prompt_tokens, self.tokens_seen, 0)
         return FinishEvent(self._reason, usage)
+
+
+def sampling_fields(sampling: Sampling) -> dict[str, Any]:
+    """The chat request's fields for what a request set beyond the defaults."""
+    fields: dict[str, Any] = {}
+    if sampling.top_p is not None:
+        fields["top_p"] = sampling.top_p
+    if sampling.stop:
+        fields["stop"] = list(sampling.stop)
+    if sampling.seed is not None:
+        fields["seed"] = sampling.seed
+    if sampling.presence_penalty:
+        fields["presence_penalty"] = sampling.presence_penalty
+    if sampling.frequency_penalty:
+        fields["frequency_penalty"] = sampling.frequency_penalty
+    if sampling.logit_bias:
+        fields["logit_bias"] = {str(token): bias for token, bias in sampling.logit_bias}
+    if sampling.logprobs:
+        fields["logprobs"] = True
+        fields["top_logprobs"] = sampling.top_logprobs
+    output = sampling.output
+    if output.kind == "json_object":
+        fields["response_format"] = {"type": "json_object"}
+    elif output.kind == "json_schema":
+        schema = {"name": "answer", "schema": output.schema, "strict": True}
+        fields["response_format"] = {"type": "json_schema", "json_schema": schema}
+    return fields
+
+
+def _logprobs_of(logprobs: dict[str, Any] | None) -> tuple[TokenLogprob, ...]:
+    if not logprobs:
+        return ()
+    return tuple(
+        TokenLogprob(
+            str(item["token"]),
+            float(item["logprob"]),
+            tuple((str(t["token"]), float(t["logprob"])) for t in item.get("top_logprobs") or ()),
+        )
+        for item in logprobs.get("content") or ()
+    )
 
 
 def _usage_of(usage: dict[str, Any]) -> TokenUsage:

@@ -19,8 +19,10 @@ from pipeline.messages import (
     FinishEvent,
     GenerationEvent,
     GenerationRequest,
+    Sampling,
     StageError,
     TokenEvent,
+    TokenLogprob,
     TokenUsage,
 )
 
@@ -85,12 +87,17 @@ class VllmEngine:
                 )
             )
             return
-        params = SamplingParams(
-            **self._sampling_defaults,
-            temperature=request.temperature,
-            max_tokens=request.max_tokens,
-            output_kind=RequestOutputKind.DELTA,
-        )
+        try:
+            params = SamplingParams(
+                # What the request set wins over the model's generation-config defaults.
+                **{**self._sampling_defaults, **sampling_kwargs(request.sampling)},
+                temperature=request.temperature,
+                max_tokens=request.max_tokens,
+                output_kind=RequestOutputKind.DELTA,
+            )
+        except (ValueError, VLLMClientError) as exc:
+            yield ErrorEvent(StageError(400, str(exc), code="invalid_generation_request"))
+            return
         # The engine rejects a request id it already holds; a client may reuse its own.
         engine_request_id = f"{request.request_id}-{uuid.uuid4().hex[:8]}"
         completion_tokens = 0
@@ -100,8 +107,13 @@ class VllmEngine:
             ):
                 completion = output.outputs[0]
                 completion_tokens += len(completion.token_ids)
-                if completion.text:
-                    yield TokenEvent(completion.text)
+                logprobs = (
+                    self._logprobs(completion, request.sampling.top_logprobs)
+                    if request.sampling.logprobs
+                    else ()
+                )
+                if completion.text or logprobs:
+                    yield TokenEvent(completion.text, logprobs)
                 if output.finished:
                     usage = TokenUsage(
                         len(prompt_ids), completion_tokens, int(output.num_cached_tokens or 0)
@@ -121,6 +133,30 @@ class VllmEngine:
                 )
             )
 
+    def _logprobs(self, completion: Any, top: int) -> tuple[TokenLogprob, ...]:
+        """The new tokens' log probabilities in OpenAI's terms (none unless asked for)."""
+        if not completion.logprobs:
+            return ()
+        return tuple(
+            self._token_logprob(token_id, candidates, top)
+            for token_id, candidates in zip(completion.token_ids, completion.logprobs, strict=False)
+        )
+
+    def _token_logprob(self, token_id: int, candidates: Any, top: int) -> TokenLogprob:
+        ranked = sorted(candidates.items(), key=lambda item: item[1].rank or 0)
+        alternatives = tuple(
+            (self._token_text(tid, lp), max(lp.logprob, -9999.0)) for tid, lp in ranked[:top]
+        )
+        chosen = candidates[token_id]
+        return TokenLogprob(
+            self._token_text(token_id, chosen), max(chosen.logprob, -9999.0), alternatives
+        )
+
+    def _token_text(self, token_id: int, logprob: Any) -> str:
+        if logprob.decoded_token is not None:
+            return str(logprob.decoded_token)
+        return str(self._tokenizer.decode([token_id]))
+
     async def check_health(self) -> None:
         try:
             await self._client.check_health()
@@ -132,3 +168,37 @@ class VllmEngine:
         if not self._dead:
             self._dead = True
             self._on_dead()
+
+
+def sampling_kwargs(sampling: Sampling) -> dict[str, Any]:
+    """`SamplingParams` keyword arguments for what a request set beyond the defaults (an
+    unset field keeps the model's generation-config default, as vLLM's server does)."""
+    from vllm.sampling_params import StructuredOutputsParams
+
+    kwargs: dict[str, Any] = {}
+    if sampling.top_p is not None:
+        kwargs["top_p"] = sampling.top_p
+    if sampling.stop:
+        kwargs["stop"] = list(sampling.stop)
+    if sampling.seed is not None:
+        kwargs["seed"] = sampling.seed
+    if sampling.presence_penalty:
+        kwargs["presence_penalty"] = sampling.presence_penalty
+    if sampling.frequency_penalty:
+        kwargs["frequency_penalty"] = sampling.frequency_penalty
+    if sampling.logit_bias:
+        kwargs["logit_bias"] = dict(sampling.logit_bias)
+    if sampling.logprobs:
+        kwargs["logprobs"] = sampling.top_logprobs
+    # Compact JSON: a grammar that allows any whitespace lets a small reader write blank
+    # lines until max_tokens cuts its JSON short.
+    output = sampling.output
+    if output.kind == "json_object":
+        kwargs["structured_outputs"] = StructuredOutputsParams(
+            json_object=True, disable_any_whitespace=True
+        )
+    elif output.kind == "json_schema":
+        kwargs["structured_outputs"] = StructuredOutputsParams(
+            json=output.schema, disable_any_whitespace=True
+        )
+    return kwargs

@@ -118,6 +118,14 @@ class CompressionPlan:
 
 
 @dataclass(frozen=True, slots=True)
+class EmbeddedTexts:
+    """Texts embedded by the retriever's model: one unit vector a row, and the tokens read."""
+
+    vectors: np.ndarray
+    tokens: int
+
+
+@dataclass(frozen=True, slots=True)
 class RetrievedChunk:
     """One search hit. `row` is its position in the index the retriever searched; the
     compressor finds the chunk's sentences and their embeddings by it."""
@@ -261,6 +269,44 @@ class PreparedPrompt:
     layout: PromptLayout | None = None
 
 
+# What the answer must be: free text, any JSON object, or JSON that fits a schema.
+OutputKind = Literal["text", "json_object", "json_schema"]
+
+
+@dataclass(frozen=True, slots=True)
+class OutputFormat:
+    """Structured output, enforced by the engine's guided decoding. `schema` is the JSON
+    Schema of a `json_schema` answer (a dict), None otherwise."""
+
+    kind: OutputKind = "text"
+    schema: dict | None = None
+
+    @property
+    def is_json(self) -> bool:
+        return self.kind != "text"
+
+
+@dataclass(frozen=True, slots=True)
+class Sampling:
+    """How tokens are drawn beyond `temperature` and `max_tokens`, with vLLM's
+    `SamplingParams` semantics; the defaults change nothing. `top_logprobs` counts the
+    alternatives returned per token besides the sampled one (with `logprobs`)."""
+
+    top_p: float | None = None
+    stop: tuple[str, ...] = ()
+    seed: int | None = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    # (token id, bias) pairs: a tuple, so that the request stays hashable and frozen.
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    logprobs: bool = False
+    top_logprobs: int = 0
+    output: OutputFormat = OutputFormat()
+
+
+DEFAULT_SAMPLING = Sampling()
+
+
 @dataclass(frozen=True, slots=True)
 class GenerationRequest:
     """One chat completion. The field is `messages` because Ray Serve LLM's
@@ -273,13 +319,26 @@ class GenerationRequest:
     # What a request router may route on (generation.routing): the identity of the prompt's
     # opening past the system prompt, "" when it has none worth keeping together.
     routing_key: str = ""
+    sampling: Sampling = DEFAULT_SAMPLING
+
+
+@dataclass(frozen=True, slots=True)
+class TokenLogprob:
+    """One generated token's log probability, and the most likely alternatives (with
+    `Sampling.top_logprobs`), as (token, logprob) pairs."""
+
+    token: str
+    logprob: float
+    top: tuple[tuple[str, float], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
 class TokenEvent:
-    """Newly generated text (one or more tokens)."""
+    """Newly generated text (one or more tokens); with `Sampling.logprobs`, each token's log
+    probability (the engine's tokens: the text may since have been cleaned)."""
 
     text: str
+    logprobs: tuple[TokenLogprob, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -33,6 +33,7 @@ from pipeline.conversation import (
 from pipeline.log import get_logger
 from pipeline.messages import (
     DEFAULT_COLLECTION,
+    DEFAULT_SAMPLING,
     DEFAULT_SEARCH,
     AnswerStyle,
     Attribution,
@@ -48,10 +49,12 @@ from pipeline.messages import (
     Retrieval,
     RetrievalQuery,
     RetrievalQueryMode,
+    Sampling,
     SearchOptions,
     StageError,
     StageTiming,
     TokenEvent,
+    TokenLogprob,
     TokenUsage,
     Turn,
 )
@@ -88,6 +91,9 @@ class RagQuery:
     answer_style: AnswerStyle = "explained"
     citations: bool = True
     search: SearchOptions = DEFAULT_SEARCH
+    sampling: Sampling = DEFAULT_SAMPLING
+    # Answers to generate from the one retrieval and prompt (OpenAI's `n`).
+    n: int = 1
     received_at: float = field(default_factory=time.perf_counter)
 
 
@@ -109,6 +115,17 @@ class HopTiming:
     @classmethod
     def local(cls, own_ms: float) -> HopTiming:
         return cls(own_ms, 0.0, 0.0)
+
+
+@dataclass(frozen=True)
+class ExtraChoice:
+    """Another answer to the same prompt, for a request's `n` > 1 (index 1 on)."""
+
+    index: int
+    text: str
+    finish_reason: str | None
+    completion_tokens: int
+    logprobs: tuple[TokenLogprob, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -137,6 +154,10 @@ class RagResult:
     # What was searched: the collection and the one version of it the whole request read.
     collection: str = DEFAULT_COLLECTION
     index_version: str = ""
+    # With Sampling.logprobs: the answer's tokens' log probabilities.
+    logprobs: tuple[TokenLogprob, ...] = ()
+    # With n > 1: the other answers, from the same prompt.
+    extra_choices: tuple[ExtraChoice, ...] = ()
 
     @property
     def tpot_ms(self) -> float | None:
@@ -221,16 +242,23 @@ class RagPipeline:
         yield SourcesEvent(prepared, search)
 
         pieces: list[str] = []
+        logprobs: list[TokenLogprob] = []
+        pending: list[TokenLogprob] = []  # of tokens whose text the cleaner holds back
         first_token_at: float | None = None
         finish: FinishEvent | None = None
-        cleaner = AnswerStreamCleaner([source.chunk_id for source in prepared.sources])
+        cleaner = _cleaner(query, prepared)
         request = GenerationRequest(
             prepared.messages,
             query.max_tokens,
             query.temperature,
             query.request_id,
             routing_key(prepared, retrieval.collection),
+            query.sampling,
         )
+        extras = [
+            asyncio.create_task(self._extra_choice(query, prepared, request, index))
+            for index in range(1, query.n)
+        ]
         try:
             # aclosing: leaving early (an error event, a client gone) closes the generator
             # stream now, which cancels the call on its replica.
@@ -241,12 +269,16 @@ class RagPipeline:
                     # the proxy, the client) are paid per batch, not per token.
                     for event in _merged(batch):
                         if isinstance(event, TokenEvent):
+                            pending += event.logprobs
                             # What the cleaner holds back (a marker not yet complete) goes
-                            # out with later text; the first token is the first text sent.
+                            # out with later text, its tokens' logprobs with it; the first
+                            # token is the first text sent.
                             if text := cleaner.feed(event.text):
                                 first_token_at = first_token_at or time.perf_counter()
                                 pieces.append(text)
-                                yield TokenEvent(text)
+                                logprobs += pending
+                                yield TokenEvent(text, tuple(pending))
+                                pending.clear()
                         elif isinstance(event, FinishEvent):
                             finish = event
                         elif isinstance(event, ErrorEvent):
@@ -256,6 +288,7 @@ class RagPipeline:
                                 yield TokenEvent(rest)
                             yield FailedEvent(_public(event.error))
                             return
+            extra_choices = await _gathered(extras)
         except StageUnavailable as exc:
             if first_token_at is None:
                 raise
@@ -263,6 +296,14 @@ class RagPipeline:
                 yield TokenEvent(rest)
             yield FailedEvent(_interrupted(exc))
             return
+        except RequestRefused as exc:
+            if first_token_at is None:
+                raise
+            yield FailedEvent(exc.error)
+            return
+        finally:
+            for task in extras:
+                task.cancel()
         if finish is None:
             error = StageError(502, "the generator ended the stream early", "server_error")
             if first_token_at is None:
@@ -271,13 +312,16 @@ class RagPipeline:
                 yield TokenEvent(rest)
             yield FailedEvent(error)
             return
-        if rest := cleaner.finish():
+        if (rest := cleaner.finish()) or pending:
             first_token_at = first_token_at or time.perf_counter()
             pieces.append(rest)
-            yield TokenEvent(rest)
+            logprobs += pending
+            yield TokenEvent(rest, tuple(pending))
         generated_at = time.perf_counter()
         answer = "".join(pieces)
-        citations, attribute_hop = await self._attribute(query, answer, prepared)
+        citations, attribute_hop = None, None
+        if not query.sampling.output.is_json:  # a JSON answer has no sentences to cite
+            citations, attribute_hop = await self._attribute(query, answer, prepared)
         finished_at = time.perf_counter()
         result = RagResult(
             request_id=query.request_id,
@@ -299,6 +343,8 @@ class RagPipeline:
             attribute=attribute_hop,
             collection=retrieval.collection,
             index_version=retrieval.index_version,
+            logprobs=tuple(logprobs),
+            extra_choices=extra_choices,
         )
         if self._metrics is not None:
             try:
@@ -306,6 +352,34 @@ class RagPipeline:
             except Exception:  # a metrics failure must never cost the user the answer
                 logger.exception("recording metrics failed (request %s)", query.request_id)
         yield DoneEvent(result)
+
+    async def _extra_choice(
+        self, query: RagQuery, prepared: PreparedPrompt, first: GenerationRequest, index: int
+    ) -> ExtraChoice:
+        """One more answer to the same prompt: its own request id and, with a seed, its own
+        seed (the same seed would draw the same answer)."""
+        sampling = query.sampling
+        if sampling.seed is not None:
+            sampling = replace(sampling, seed=sampling.seed + index)
+        request = replace(first, request_id=f"{query.request_id}-{index}", sampling=sampling)
+        cleaner = _cleaner(query, prepared)
+        pieces: list[str] = []
+        logprobs: list[TokenLogprob] = []
+        async with contextlib.aclosing(self._stages.generate(request)) as stream:
+            async for batch in stream:
+                for event in batch:
+                    if isinstance(event, TokenEvent):
+                        pieces.append(cleaner.feed(event.text))
+                        logprobs += event.logprobs
+                    elif isinstance(event, ErrorEvent):
+                        raise _refusal(event.error)
+                    elif isinstance(event, FinishEvent):
+                        text = "".join(pieces) + cleaner.finish()
+                        tokens = event.usage.completion_tokens
+                        return ExtraChoice(index, text, event.reason, tokens, tuple(logprobs))
+        raise RequestRefused(
+            StageError(502, "the generator ended the stream early", "server_error")
+        )
 
     async def _retrieval_query(self, query: RagQuery) -> tuple[RetrievalQuery, float]:
         """What to search for, and the milliseconds a rewrite took (0 without one). A
@@ -418,12 +492,33 @@ class RagPipeline:
         return prepared, HopTiming.local(prepared.timing.own_ms)
 
 
+class _Unchanged:
+    """The cleaner of a JSON answer: markers and tags are not cleaned out of JSON."""
+
+    def feed(self, piece: str) -> str:
+        return piece
+
+    def finish(self) -> str:
+        return ""
+
+
+def _cleaner(query: RagQuery, prepared: PreparedPrompt) -> AnswerStreamCleaner | _Unchanged:
+    if query.sampling.output.is_json:
+        return _Unchanged()
+    return AnswerStreamCleaner([source.chunk_id for source in prepared.sources])
+
+
+async def _gathered(extras: list[asyncio.Task[ExtraChoice]]) -> tuple[ExtraChoice, ...]:
+    return tuple(await asyncio.gather(*extras)) if extras else ()
+
+
 def _merged(batch: Sequence[GenerationEvent]) -> list[GenerationEvent]:
     """`batch` with each run of consecutive TokenEvents joined into one."""
     merged: list[GenerationEvent] = []
     for event in batch:
         if isinstance(event, TokenEvent) and merged and isinstance(merged[-1], TokenEvent):
-            merged[-1] = TokenEvent(merged[-1].text + event.text)
+            previous = merged[-1]
+            merged[-1] = TokenEvent(previous.text + event.text, previous.logprobs + event.logprobs)
         else:
             merged.append(event)
     return merged

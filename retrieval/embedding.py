@@ -44,3 +44,10 @@ class Embedder:
             text, add_special_tokens=False, return_offsets_mapping=True, verbose=False
         )
         return [tuple(span) for span in encoded["offset_mapping"]]
+
+    def count_tokens(self, texts: Sequence[str]) -> int:
+        """Tokens the model reads of `texts`, special tokens included, each cut at the
+        model's input length as `encode` cuts it."""
+        limit = int(getattr(self._model, "max_seq_length", 0) or 0)
+        counts = [len(ids) for ids in self._model.tokenizer(list(texts))["input_ids"]]
+        return sum(min(count, limit) if limit else count for count in counts)

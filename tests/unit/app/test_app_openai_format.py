@@ -49,8 +49,39 @@ def test_unknown_model_is_404(client, stages):
     [
         (chat(messages=[{"role": "system", "content": "Be brief."}]), "messages", None),
         (chat(messages=[]), "messages", None),
-        (chat(n=2), "n", None),
-        (chat(tools=[{"type": "function"}]), "tools", "unknown_field"),
+        (chat(n=9), "n", None),
+        (chat(tools=[{"type": "function"}]), "tools", "unsupported_parameter"),
+        (chat(tool_choice="required"), "tool_choice", "unsupported_parameter"),
+        (chat(functions=[{"name": "f"}]), "functions", "unsupported_parameter"),
+        (chat(modalities=["text", "audio"]), "modalities", "unsupported_parameter"),
+        (chat(top_p=2), "top_p", None),
+        (chat(top_p=0), "top_p", None),
+        (chat(temperature=-1), "temperature", None),
+        (chat(presence_penalty=3), "presence_penalty", None),
+        (chat(stop=["a", "b", "c", "d", "e"]), "stop", None),
+        (chat(stop=[""]), "stop", None),
+        (chat(stop=[f"s{i}" for i in range(50)]), "stop", None),
+        (chat(logit_bias={"hello": 5}), "logit_bias", None),
+        (chat(logit_bias={"42": 101}), "logit_bias", None),
+        (chat(top_logprobs=3), "top_logprobs", None),
+        (chat(top_logprobs=21, logprobs=True), "top_logprobs", None),
+        (chat(response_format={"type": "xml"}), "response_format", None),
+        (
+            chat(response_format={"type": "json_schema", "json_schema": {"name": "a"}}),
+            "response_format.schema",
+            None,
+        ),
+        (
+            chat(
+                response_format={
+                    "type": "json_schema",
+                    "json_schema": {"name": "a", "schema": {"type": "answer"}},
+                }
+            ),
+            "response_format.schema",
+            None,
+        ),
+        (chat(frobnicate=1), "frobnicate", "unknown_field"),
         (chat(stream_options={"include_usage": True, "x": 1}), "stream_options.x", "unknown_field"),
         (chat(max_tokens=513), "max_tokens", None),
         (chat(rag={"top_k": 99}), "top_k", None),
@@ -82,7 +113,12 @@ def test_completion_answers_the_last_user_message_with_sources_and_cached_tokens
     assert body["id"] == "chatcmpl-abc"
     assert (body["object"], body["model"]) == ("chat.completion", MODEL)
     assert body["choices"] == [
-        {"index": 0, "message": {"role": "assistant", "content": ANSWER}, "finish_reason": "stop"}
+        {
+            "index": 0,
+            "message": {"role": "assistant", "content": ANSWER},
+            "finish_reason": "stop",
+            "logprobs": None,
+        }
     ]
     assert body["usage"] == {
         "prompt_tokens": 321,

@@ -184,6 +184,54 @@ def test_the_request_streams_the_messages_unchanged_and_asks_for_usage():
     assert sent.headers["X-Request-Id"] == "req-1"
 
 
+def test_the_requests_sampling_is_sent_in_openais_fields():
+    from pipeline.messages import OutputFormat, Sampling
+
+    schema = {"type": "object"}
+    sampling = Sampling(
+        top_p=0.5, stop=("END",), seed=9, presence_penalty=0.1, frequency_penalty=0.2,
+        logit_bias=((13, -100.0),), logprobs=True, top_logprobs=2,
+        output=OutputFormat("json_schema", schema),
+    )  # fmt: skip
+    server = answering(*A_FULL_ANSWER)
+
+    stream(server, GenerationRequest(MESSAGES, 16, 0.7, "req-1", sampling=sampling))
+
+    sent = json.loads(server.requests[0].content)
+    assert {key: sent[key] for key in sent if key not in ("model", "messages", "stream")} == {
+        "max_tokens": 16,
+        "temperature": 0.7,
+        "stream_options": {"include_usage": True},
+        "top_p": 0.5,
+        "stop": ["END"],
+        "seed": 9,
+        "presence_penalty": 0.1,
+        "frequency_penalty": 0.2,
+        "logit_bias": {"13": -100.0},
+        "logprobs": True,
+        "top_logprobs": 2,
+        "response_format": {
+            "type": "json_schema",
+            "json_schema": {"name": "answer", "schema": schema, "strict": True},
+        },
+    }
+
+
+def test_logprobs_in_the_stream_ride_on_their_tokens():
+    from pipeline.messages import TokenLogprob
+
+    logprobs = {"content": [{"token": "Paged", "logprob": -0.5, "top_logprobs": [
+        {"token": "Paged", "logprob": -0.5}, {"token": "Page", "logprob": -1.5}]}]}  # fmt: skip
+    with_logprobs = chunk("Paged")
+    with_logprobs["choices"][0]["logprobs"] = logprobs
+
+    events = stream(answering(with_logprobs, chunk(finish="stop"), "[DONE]"))
+
+    assert events[0] == TokenEvent(
+        "Paged", (TokenLogprob("Paged", -0.5, (("Paged", -0.5), ("Page", -1.5))),)
+    )
+
+
 def test_the_api_key_is_sent_as_a_bearer_token():
     server = answering(*A_FULL_ANSWER)
 

@@ -68,6 +68,7 @@ class Completion:  # vllm.outputs.CompletionOutput, in DELTA mode: only what is 
     token_ids: list[int]
     finish_reason: str | None = None
     index: int = 0
+    logprobs: list | None = None
 
 
 @dataclass
@@ -312,3 +313,72 @@ def test_a_failed_health_check_reports_the_death_and_a_healthy_one_does_not():
         asyncio.run(dead.check_health())
 
     assert deaths == ["dead"]
+
+
+def test_a_requests_sampling_becomes_vllms_sampling_params(vllm):
+    from pipeline.messages import OutputFormat, Sampling
+
+    schema = {"type": "object", "properties": {"a": {"type": "string"}}}
+    sampling = Sampling(
+        top_p=0.8, stop=("END",), seed=3, presence_penalty=0.5, frequency_penalty=0.25,
+        logit_bias=((5, -100.0),), logprobs=True, top_logprobs=2,
+        output=OutputFormat("json_schema", schema),
+    )  # fmt: skip
+    client = FakeEngineClient(
+        outputs=[finished("{}", [2], "stop", 0)], sampling_defaults={"top_p": 0.95, "top_k": 20}
+    )
+    generation = GenerationRequest(MESSAGES, 16, 0.7, "req-1", sampling=sampling)
+
+    stream(client, generation)
+
+    params = client.calls[0][1]
+    assert (params.top_p, params.top_k, params.stop, params.seed) == (0.8, 20, ["END"], 3)
+    assert (params.presence_penalty, params.frequency_penalty) == (0.5, 0.25)
+    assert params.logit_bias == {5: -100.0}
+    assert params.logprobs == 2
+    assert params.structured_outputs.json == schema
+
+
+def test_unset_sampling_keeps_the_models_defaults(vllm):
+    client = FakeEngineClient(
+        outputs=[finished("ok", [2], "stop", 0)], sampling_defaults={"top_p": 0.95}
+    )
+
+    stream(client)
+
+    params = client.calls[0][1]
+    assert (params.top_p, params.seed, params.stop, params.logprobs) == (0.95, None, [], None)
+    assert params.structured_outputs is None
+
+
+def test_logprobs_of_each_token_with_its_alternatives_by_rank(vllm):
+    from vllm.logprobs import Logprob
+
+    from pipeline.messages import Sampling, TokenLogprob
+
+    candidates = [
+        {7: Logprob(-0.5, 2, "b"), 9: Logprob(-0.1, 1, "a")},
+        {4: Logprob(-0.2, 1, "c"), 9: Logprob(-1.5, 2, "a")},
+    ]
+    output = finished("bc", [7, 4], "stop", 0)
+    output.outputs[0].logprobs = candidates
+    client = FakeEngineClient(outputs=[output])
+    sampling = Sampling(logprobs=True, top_logprobs=1)
+
+    events = stream(client, GenerationRequest(MESSAGES, 16, 0.0, "r", sampling=sampling))
+
+    assert events[0] == TokenEvent(
+        "bc", (TokenLogprob("b", -0.5, (("a", -0.1),)), TokenLogprob("c", -0.2, (("c", -0.2),)))
+    )
+
+
+def test_a_sampling_value_vllm_refuses_is_a_400_before_generation(vllm):
+    from pipeline.messages import Sampling
+
+    client = FakeEngineClient(outputs=[finished("x", [1], "stop", 0)])
+    generation = GenerationRequest(MESSAGES, 16, 0.7, "r", sampling=Sampling(top_p=1.5))
+
+    [event] = stream(client, generation)
+
+    assert isinstance(event, ErrorEvent) and event.error.status == 400
+    assert client.calls == []
