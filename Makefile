@@ -27,12 +27,14 @@ install: $(INSTALLED)
 
 # The lock pins the CPU build of vLLM and torch; --no-deps keeps pip from pulling CUDA
 # torchvision/torchaudio/triton back in (they break `import vllm` on CPU).
-$(INSTALLED): requirements/cpu.lock pyproject.toml
+$(INSTALLED): requirements/cpu.lock requirements/clients.lock pyproject.toml
 	test -d $(VENV) || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet --no-deps -r requirements/cpu.lock
+	$(BIN)/python -m pip install --quiet --no-deps -r requirements/clients.lock
 	$(BIN)/python -m pip install --quiet --no-deps --no-build-isolation -e .
 	$(BIN)/python -c "import vllm, faiss, llmlingua, sentence_transformers, ray.serve"
+	$(BIN)/python -c "import langchain_openai, llama_index.llms.openai_like, agents"
 	touch $@
 
 models: $(MODELS)
