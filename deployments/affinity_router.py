@@ -10,6 +10,8 @@ key's replica is a cache miss the load bound chose.
 
 from __future__ import annotations
 
+from typing import Any
+
 from ray.serve.request_router import (
     FIFOMixin,
     LocalityMixin,
@@ -64,3 +66,11 @@ class AffinityRouter(FIFOMixin, LocalityMixin, MultiplexMixin, RequestRouter):
             return
         kept = replica_id.to_full_id_str() == rendezvous_order(key, replicas)[0]
         self._routed_calls.inc(tags={"stage": self.stage, "outcome": "kept" if kept else "moved"})
+
+
+def call_argument(pending_request: PendingRequest, position: int, name: str) -> Any:
+    """A handle call's argument, passed by position or by keyword (None where absent), so
+    that a call made with keywords keeps its key."""
+    if len(pending_request.args) > position:
+        return pending_request.args[position]
+    return (pending_request.kwargs or {}).get(name)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from ray.serve.request_router import PendingRequest
 
-from deployments.affinity_router import AffinityRouter
+from deployments.affinity_router import AffinityRouter, call_argument
 from pipeline.messages import Conversation, Retrieval
 from prepare.continuation import conversation_key
 
@@ -27,9 +27,10 @@ class ConversationAffinityRouter(AffinityRouter):
 def routing_key(pending_request: PendingRequest | None) -> str:
     """The conversation's key for a `prepare(conversation, retrieval, ...)` call, "" for
     any other call (attribution)."""
-    if pending_request is None or len(pending_request.args) < 2:
+    if pending_request is None:
         return ""
-    conversation, retrieval = pending_request.args[:2]
+    conversation = call_argument(pending_request, 0, "conversation")
+    retrieval = call_argument(pending_request, 1, "retrieval")
     if not isinstance(conversation, Conversation) or not isinstance(retrieval, Retrieval):
         return ""
     return conversation_key(conversation, retrieval.collection)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from ray.serve.request_router import PendingRequest
 
-from deployments.affinity_router import AffinityRouter
+from deployments.affinity_router import AffinityRouter, call_argument
 from pipeline.messages import GenerationRequest
 
 
@@ -22,7 +22,7 @@ class PassageAffinityRouter(AffinityRouter):
 
 def routing_key(pending_request: PendingRequest | None) -> str:
     """The GenerationRequest's routing key, "" when the call carries none."""
-    if pending_request is None or not pending_request.args:
+    if pending_request is None:
         return ""
-    request = pending_request.args[0]
+    request = call_argument(pending_request, 0, "request")
     return request.routing_key if isinstance(request, GenerationRequest) else ""

@@ -89,16 +89,34 @@ def test_when_the_keys_replica_is_gone_the_key_moves_to_its_next_choice_only():
 
 
 def test_the_passage_router_reads_its_key_only_from_a_generation_request():
-    request = SimpleNamespace(args=[GenerationRequest([], 8, 0.0, "r1", routing_key="k")])
-    assert passage_router.routing_key(request) == "k"
-    assert passage_router.routing_key(SimpleNamespace(args=["a prompt"])) == ""
-    assert passage_router.routing_key(SimpleNamespace(args=[])) == ""
+    generation = GenerationRequest([], 8, 0.0, "r1", routing_key="k")
+    assert passage_router.routing_key(SimpleNamespace(args=[generation], kwargs={})) == "k"
+    by_name = SimpleNamespace(args=[], kwargs={"request": generation})
+    assert passage_router.routing_key(by_name) == "k"
+    assert passage_router.routing_key(SimpleNamespace(args=["a prompt"], kwargs={})) == ""
+    assert passage_router.routing_key(SimpleNamespace(args=[], kwargs={})) == ""
     assert passage_router.routing_key(None) == ""
 
 
 def prepare_call(conversation: Conversation, collection: str = "default") -> SimpleNamespace:
     retrieval = Retrieval(np.zeros(2), (), "v1", StageTiming(0.0, 0.0), collection)
-    return SimpleNamespace(args=[conversation, retrieval, CompressionPlan("none"), 64])
+    return SimpleNamespace(args=[conversation, retrieval, CompressionPlan("none"), 64], kwargs={})
+
+
+def test_a_prepare_call_made_with_keywords_keeps_its_conversations_key():
+    conversation = Conversation("Who wrote it?")
+    positional = prepare_call(conversation)
+    retrieval = positional.args[1]
+    by_name = SimpleNamespace(
+        args=[],
+        kwargs={"conversation": conversation, "retrieval": retrieval, "plan": None},
+    )
+    mixed = SimpleNamespace(args=[conversation], kwargs={"retrieval": retrieval})
+
+    key = conversation_router.routing_key(positional)
+    assert key != ""
+    assert conversation_router.routing_key(by_name) == key
+    assert conversation_router.routing_key(mixed) == key
 
 
 def test_every_question_of_a_conversation_has_its_opening_questions_key():
@@ -122,8 +140,11 @@ def test_every_question_of_a_conversation_has_its_opening_questions_key():
 
 
 def test_the_conversation_router_has_no_key_for_other_calls():
-    assert conversation_router.routing_key(SimpleNamespace(args=["an answer", ()])) == ""
-    assert conversation_router.routing_key(SimpleNamespace(args=[Conversation("q")])) == ""
+    attribute = SimpleNamespace(args=["an answer", ()], kwargs={})
+    assert conversation_router.routing_key(attribute) == ""
+    assert (
+        conversation_router.routing_key(SimpleNamespace(args=[Conversation("q")], kwargs={})) == ""
+    )
     assert conversation_router.routing_key(None) == ""
 
 
