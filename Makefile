@@ -96,8 +96,9 @@ run-int8: setup models-int8
 index: $(INDEX)
 
 # Rebuilt only when missing, when a document changed, or when what the build writes did
-# (the BM25 part beside FAISS, for instance).
-$(INDEX): $(CORPUS) retrieval/build.py retrieval/lexical.py | $(INSTALLED)
+# (the BM25 part beside FAISS, the chunks' sentences, for instance).
+$(INDEX): $(CORPUS) retrieval/build.py retrieval/lexical.py retrieval/chunking.py \
+		retrieval/sentences.py | $(INSTALLED)
 	$(BIN)/python -m retrieval.build --input data/corpus --output indexes/default --quiet
 
 # $(call debian_package,PACKAGE,WHO) installs Debian's PACKAGE for the target $@ as root;

@@ -156,3 +156,24 @@ def test_chunking_params_are_validated(chunk_tokens, overlap_tokens):
 def test_chunking_params_defaults_and_smallest_valid_values():
     assert ChunkingParams() == ChunkingParams(200, 40)
     assert ChunkingParams(8, 7).overlap_tokens == 7
+
+
+def test_no_chunk_of_the_shipped_corpus_has_a_heading_as_a_sentence_of_its_own():
+    from pathlib import Path
+
+    from retrieval.documents import load_documents
+
+    corpus = Path(__file__).resolve().parents[3] / "data" / "corpus"
+    heading = re.compile(r"#{1,6}(\s|$)")
+    chunks = chunk_documents(load_documents(corpus), word_offsets, ChunkingParams())
+
+    assert len(chunks) > 50
+    alone = [
+        (chunk.chunk_id, sentence)
+        for chunk in chunks
+        for sentence in chunk.sentences
+        if all(heading.match(line) or not line.strip() for line in sentence.splitlines())
+    ]
+    assert alone == []
+    # The headings are still there, opening the sentences they head.
+    assert any(heading.match(sentence) for chunk in chunks for sentence in chunk.sentences)

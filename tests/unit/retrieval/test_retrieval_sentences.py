@@ -26,8 +26,17 @@ def test_blank_lines_and_whitespace_only_lines_produce_no_sentences():
     assert split_sentences(" \n\t ") == []
 
 
-def test_headings_and_list_items_are_sentences_of_their_own():
-    assert _sentences("# Title\n- item one\n- item two") == ["# Title", "- item one", "- item two"]
+def test_list_items_are_sentences_of_their_own_and_a_heading_travels_with_the_next():
+    assert _sentences("# Title\n- item one\n- item two") == ["# Title\n- item one", "- item two"]
+
+
+def test_headings_never_stand_alone():
+    text = "# Chunked Prefill\n\n## Why\nPrefill is split. Decode goes on.\n### Trailing"
+    # Both headings travel with the first sentence after them; the last has none: left out.
+    assert _sentences(text) == ["# Chunked Prefill\n\n## Why\nPrefill is split.", "Decode goes on."]
+    # A hash without a space after it is text, not a heading.
+    assert _sentences("#hashtag stays.\nNext.") == ["#hashtag stays.", "Next."]
+    assert _sentences("# Only a heading") == []
 
 
 def test_closing_quote_or_bracket_stays_with_its_sentence():
