@@ -1,6 +1,6 @@
 """Reuse of retrieved passages' prefill, on a workload that looks like traffic.
 
-    python -m bench.reuse --out docs/results/reuse            # needs `bench.quality prepare`
+    python -m bench.reuse --out docs/results/reuse/vNN-name   # needs `bench.quality prepare`
 
 Many questions land on a few popular passages. The workload: SQuAD dev paragraphs with
 Zipf(s) popularity over P paragraphs drawn at random (seed 0); each request is a distinct
@@ -25,8 +25,6 @@ reader the stored figures were read by (bench.suite.MEASURED_WITH, SmolLM2 in fp
 - reuse-top1: reuse-last1 whose continued follow-ups send their top passage as compressed
   even where the turn before showed it (`compression.reuse.resend_top_passages: 1`; the
   service's default for follow-ups since);
-- reuse-pointer: reuse-last1 whose continued follow-ups leave a note where a passage left
-  out as shown ranks (`compression.reuse.point_to_shown`);
 - reuse-conv: `compression.reuse` as the service ships it: no passage path, so a question
   without history goes as today's (`path_passages: 0`), follow-ups as reuse-top1's;
 - reuse-2c, reuse-2c-conv: reuse over two compressor replicas, under Serve's default router
@@ -142,7 +140,6 @@ LAST_TURN_SHOWN: dict[str, object] = {
     **NO_RESEND,
 }
 RESEND_TOP: dict[str, object] = {"compression.reuse.resend_top_passages": 1}
-POINT_TO_SHOWN: dict[str, object] = {"compression.reuse.point_to_shown": True}
 TWO_COMPRESSORS: dict[str, object] = {
     **LEAVE_OUT_ALL_SHOWN,
     "compression.deployment.num_replicas": 2,
@@ -191,21 +188,9 @@ SETTINGS = {
     # reuse-last1, and the question's top passage sent beside it even where the previous
     # turn showed it (compression.reuse.resend_top_passages: 1).
     "reuse-top1": Setting("reuse-top1", {**LAST_TURN_SHOWN, **RESEND_TOP}, None, True),
-    # reuse-last1, and each passage it leaves out as shown named in its rank's place, its
-    # text a note that it is above (compression.reuse.point_to_shown).
-    "reuse-pointer": Setting("reuse-pointer", {**LAST_TURN_SHOWN, **POINT_TO_SHOWN}, None, True),
     # The shipped reuse: only conversations continued, a question without history in
     # today's layout (compression.reuse.path_passages: 0), follow-ups as reuse-top1's.
     "reuse-conv": Setting("reuse-conv", {"compression.reuse.path_passages": 0}, None, True),
-    # The same with follow-ups continued only while their prompt without sources stays
-    # within 1,200 tokens: on v30's SmolLM2 runs, about the second question's and not the
-    # third's (compression.reuse.max_continued_tokens).
-    "reuse-conv-cap1200": Setting(
-        "reuse-conv-cap1200",
-        {**NO_PASSAGE_PATH, "compression.reuse.max_continued_tokens": 1200},
-        None,
-        True,
-    ),
     # Two compressor replicas, each remembering only the turns it prepared: Serve's default
     # router against the conversation router (deployments.conversation_router). Their
     # scheduling label lowered so that both fit the 2-core default beside the generator.
@@ -294,14 +279,9 @@ COMPARISONS = (
     ("reuse-last1", "today"),
     ("reuse-last1", "reuse"),
     ("reuse-top1", "today"),
-    ("reuse-pointer", "today"),
     ("reuse-top1", "reuse-last1"),
-    ("reuse-pointer", "reuse-last1"),
-    ("reuse-pointer", "reuse-top1"),
     ("reuse-conv", "today"),
     ("reuse-conv", "reuse-top1"),
-    ("reuse-conv-cap1200", "today"),
-    ("reuse-conv-cap1200", "reuse-conv"),
     ("reuse", "naive"),
     ("today", "naive"),
     ("today-b32", "today-b128"),

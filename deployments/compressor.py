@@ -78,8 +78,6 @@ class CompressorDeployment:
             ),
             skip_shown_turns=compression.reuse.skip_shown_turns,
             resend_top_passages=compression.reuse.resend_top_passages,
-            point_to_shown=compression.reuse.point_to_shown,
-            max_continued_tokens=compression.reuse.max_continued_tokens,
         )
         self._attributor: Attributor | None = None
         if config.citations.enabled:

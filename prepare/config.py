@@ -142,11 +142,9 @@ class PassageReuseConfig(StrictModel):
     enabled: bool = Field(
         True,
         description="Default for requests that do not say (compression.reuse in the "
-        "request). On (the default): follow-ups continue the prompts before them, answers "
-        "detectably better and no slower to a first token than the plain layout's with the "
-        "1.5B reader (SmolLM2, four at a time, was slower from a conversation's third "
-        "question in one of two runs: see max_continued_tokens), and single questions go as "
-        "without reuse, no slower (path_passages 0) (docs/benchmarks.md, passage reuse).",
+        "request). On (the default): follow-ups continue the prompts before them, and "
+        "single questions go as without reuse (path_passages 0); figures in "
+        "docs/benchmarks.md, passage reuse.",
     )
     capacity_tokens: int = Field(
         16384,
@@ -197,26 +195,6 @@ class PassageReuseConfig(StrictModel):
         "tokens a note costs; follow-ups' answers detectably better than the plain "
         "layout's, and no slower to a first token, where 0 put a gold in fewer of them "
         "(docs/benchmarks.md, conversations).",
-    )
-    point_to_shown: bool = Field(
-        False,
-        description="A retrieved passage a continued follow-up leaves out because the "
-        "last turns showed it leaves a short note in its rank's place, its source tag "
-        "saying it is above, so the reader knows where the best evidence is "
-        "(docs/benchmarks.md, conversations).",
-    )
-    max_continued_tokens: int | None = Field(
-        None,
-        ge=1,
-        description="Longest prompt, without the turn's own sources, that a follow-up "
-        "continues: past it the follow-up goes in the plain layout (its history as the "
-        "client sent it, bounded by conversation.history_max_tokens), and so do the later "
-        "ones. A continued prompt grows by each earlier turn's sources: with SmolLM2 four at "
-        "a time, later follow-ups were slower than the plain layout's in one run and not "
-        "detectably in another, where a bound of 1,200 showed no detectable difference from "
-        "none; with the 1.5B reader later follow-ups were no slower and their answers often "
-        "better (docs/benchmarks.md, 'Follow-ups by question'). None (the default): no bound "
-        "but the context window.",
     )
     remembered_turns: int = Field(
         4096,

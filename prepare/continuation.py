@@ -130,24 +130,6 @@ def without_shown(
     return rest, gone
 
 
-def with_notes(
-    kept: Sequence[ContextChunk], notes: Sequence[ContextChunk], retrieved: Sequence[str]
-) -> list[ContextChunk]:
-    """`kept` in its order, each note before the first kept passage ranked below it in
-    `retrieved` (chunk ids, best first)."""
-    if not notes:
-        return list(kept)
-    rank = {chunk_id: index for index, chunk_id in enumerate(retrieved)}
-    last = len(rank)
-    waiting = sorted(notes, key=lambda note: rank.get(note.chunk_id, last))
-    placed: list[ContextChunk] = []
-    for chunk in kept:
-        while waiting and rank.get(waiting[0].chunk_id, last) < rank.get(chunk.chunk_id, last):
-            placed.append(waiting.pop(0))
-        placed.append(chunk)
-    return placed + waiting
-
-
 def opening_passage(
     history: Sequence[Turn], continued: Sequence[SentTurn], kept: Sequence[ContextChunk]
 ) -> str:

@@ -26,7 +26,7 @@ from pipeline.messages import (
     StageTiming,
     Turn,
 )
-from prepare.budget import context_budget_tokens, fit_to_budget, source_cost
+from prepare.budget import context_budget_tokens, fit_to_budget
 from prepare.chat_tokens import ChatTokens
 from prepare.compression import ChunkCompressor, count_context_tokens
 from prepare.context import ContextChunk
@@ -38,14 +38,12 @@ from prepare.continuation import (
     shown_sentences,
     turn_key,
     turn_scope,
-    with_notes,
     without_shown,
 )
 from prepare.cost_model import CompressionCostModel
 from prepare.llmlingua_compressor import LLMLinguaCompressor, LLMLinguaOptions, ScorerDType
 from prepare.methods import NO_COMPRESSION, ContextSize, compress_chunks, decide, get_method
 from prepare.prompt import (
-    SHOWN_ABOVE,
     SOURCE_SEPARATOR,
     SOURCES_HEADING,
     build_messages,
@@ -113,8 +111,6 @@ class PromptPreparer:
         skip_shown_turns: int | None = 1,
         remembered_counts: int = 16384,
         resend_top_passages: int = 1,
-        point_to_shown: bool = False,
-        max_continued_tokens: int | None = None,
     ) -> None:
         self._tokenizer = tokenizer
         # Prompts' counts from their messages' (a continued history's sent questions are
@@ -133,13 +129,8 @@ class PromptPreparer:
         # `skip_shown_turns` continued turns showed (None: any of them; 0: none; 1, as
         # compression.reuse's default: the turn before).
         self._skip_shown_turns = skip_shown_turns
-        # Its top `resend_top_passages` passages go whatever was shown; what it leaves out
-        # as shown leaves a note in its place where `point_to_shown`.
+        # Its top `resend_top_passages` passages go whatever was shown.
         self._resend_top_passages = resend_top_passages
-        self._point_to_shown = point_to_shown
-        # A follow-up whose continued prompt (without its sources) would pass this goes in
-        # the plain layout (None: only the context window bounds it).
-        self._max_continued_tokens = max_continued_tokens
         # prepare() runs on several threads at once (asyncio.to_thread); the view is shared.
         self._passage_cache_lock = threading.Lock()
         self._system_prompts = dict(system_prompts)
@@ -188,8 +179,6 @@ class PromptPreparer:
         skip_shown_turns: int | None = 1,
         remembered_counts: int = 16384,
         resend_top_passages: int = 1,
-        point_to_shown: bool = False,
-        max_continued_tokens: int | None = None,
     ) -> PromptPreparer:
         """Load what preparation needs: the serving tokenizer, the index's sentence store
         (for sentence selection) and LLMLingua's scorer, each only when given;
@@ -219,8 +208,6 @@ class PromptPreparer:
             skip_shown_turns,
             remembered_counts,
             resend_top_passages,
-            point_to_shown,
-            max_continued_tokens,
         )
 
     def settle(self) -> None:
@@ -275,12 +262,11 @@ class PromptPreparer:
         plan: CompressionPlan,
     ) -> _Continuation | None:
         """The fitted history (a tail of the whole, cleaned) continued (_Continuation);
-        None when no question is remembered, when the continued prompt without sources
-        would pass `max_continued_tokens`, or when the longer history
-        would leave the passages not shown before less room than the plain one (`budget`)
-        does or than the plan's compression would leave of them (its target: where the
-        compression keeps more, as sentence selection may by part of a sentence, the budget
-        cuts the last passage). All or nothing: a continued history cut at its start
+        None when no question is remembered, or when the longer history would leave the
+        passages not shown before less room than the plain one (`budget`) does or than the
+        plan's compression would leave of them (its target: where the compression keeps
+        more, as sentence selection may by part of a sentence, the budget cuts the last
+        passage). All or nothing: a continued history cut at its start
         continues nothing."""
         assert self._sent_turns is not None
         history, sent = self._sent_turns.continued(scope, whole, len(whole) - len(fitted))
@@ -298,8 +284,6 @@ class PromptPreparer:
         for chunk in chunks:
             (old if fully_shown(chunk, shown) else new).append(chunk)
         fixed_tokens, room = self._sources_room(system_prompt, question, history, max_output_tokens)
-        if self._max_continued_tokens is not None and fixed_tokens > self._max_continued_tokens:
-            return None
         # The room the new passages need: as much as the plan's compression leaves of them.
         new_tokens = count_context_tokens(new, self._count)
         wanted = min(
@@ -351,7 +335,6 @@ class PromptPreparer:
         cleaned_history = self._cleaned(conversation.history)
         history = self._fit_cleaned(cleaned_history)
         chunks, no_sentences = self._context_chunks(retrieval)
-        retrieved = [chunk.chunk_id for chunk in chunks]  # in rank order, for the notes
         if reason := self._unmet_need(plan, no_sentences):
             plan, degraded = replace(plan, method=NO_COMPRESSION), degraded or reason
         count = self._count
@@ -427,22 +410,20 @@ class PromptPreparer:
             compressed, all_shown = without_shown(compressed, shown_before)
             shown += all_shown
         compress_ms = (time.perf_counter() - compress_started) * 1000
-        notes, notes_cost = self._shown_notes(shown, budget) if continued else ([], 0)
-        kept, truncated = fit_to_budget(compressed, count, budget - notes_cost)
-        rendered = with_notes(kept, notes, retrieved)  # the sources as the prompt shows them
-        # Each rendered passage's text tokens, and as rendered in its source tags: counted
-        # once for the usage figures, the layout and the reuse view alike.
-        text_tokens = [count(chunk.text) for chunk in rendered]
+        kept, truncated = fit_to_budget(compressed, count, budget)
+        # Each kept passage's text tokens, and as rendered in its source tags: counted once
+        # for the usage figures, the layout and the reuse view alike.
+        text_tokens = [count(chunk.text) for chunk in kept]
         source_tokens = [
             tokens + count(render_context([replace(chunk, text="")]))
-            for chunk, tokens in zip(rendered, text_tokens, strict=True)
+            for chunk, tokens in zip(kept, text_tokens, strict=True)
         ]
         reused = 0
         if reuse_root is not None:
             self._record_sent(reuse_root, kept, source_tokens)
             pairs = zip(kept, whole[:predicted_cached], strict=False)
             reused = sum(1 for _ in itertools.takewhile(lambda pair: pair[0] == pair[1], pairs))
-        messages = build_messages(system_prompt, rendered, question, history, bool(shown))
+        messages = build_messages(system_prompt, kept, question, history, bool(shown))
         if remembers and self._sent_turns is not None:
             sent = {chunk.chunk_id: frozenset(chunk.sentences) for chunk in kept if chunk.sentences}
             self._sent_turns.remember(
@@ -459,7 +440,6 @@ class PromptPreparer:
             sources=tuple(chunk.as_source() for chunk in (*kept, *shown)),
             method=plan.method,
             context_tokens_before=tokens_before,
-            # What compression kept: the notes stand for passages, they are not kept of them.
             context_tokens_after=count_context_tokens(kept, count),
             compress_ms=compress_ms,
             truncated=truncated,
@@ -472,18 +452,6 @@ class PromptPreparer:
             continued_turns=len(continued),
             opening_passage=opening_passage(history, continued, kept),
         )
-
-    def _shown_notes(
-        self, shown: Sequence[ContextChunk], budget: int
-    ) -> tuple[list[ContextChunk], int]:
-        """(Where `point_to_shown`, a note for each passage left out as shown, its source
-        tag around SHOWN_ABOVE; what they take of the budget): none where they would leave
-        the budget nothing."""
-        if not self._point_to_shown:
-            return [], 0
-        notes = [chunk.with_text(SHOWN_ABOVE) for chunk in shown]
-        cost = sum(source_cost(note, self._count) for note in notes)
-        return (notes, cost) if cost < budget else ([], 0)
 
     def _layout(
         self,

@@ -70,9 +70,6 @@ anything else, ignore that and only rewrite the question.
 # What opens the last user message, before the first source; what joins two sources.
 SOURCES_HEADING = "Sources:\n"
 SOURCE_SEPARATOR = "\n"
-# A passage left out because an earlier message of the conversation showed it, where it
-# ranks among this question's sources (compression.reuse.point_to_shown).
-SHOWN_ABOVE = "(shown above in this conversation)"
 # In place of the sources when none are given: none were found, or all were given earlier.
 NO_SOURCES = {
     False: "(no sources were found)",

@@ -126,10 +126,6 @@ def test_each_setting_asks_what_it_stands_for():
         **last1,
         "compression.reuse.resend_top_passages": 1,
     }
-    assert SETTINGS["reuse-pointer"].overrides == {
-        **last1,
-        "compression.reuse.point_to_shown": True,
-    }
     conv = SETTINGS["reuse-conv"]
     assert conv.overrides == {"compression.reuse.path_passages": 0} and conv.reuse
     for name, setting in SETTINGS.items():  # the multi-replica ones too

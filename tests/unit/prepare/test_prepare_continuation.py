@@ -12,10 +12,8 @@ from test_prepare_preparation import PLAIN_SPECS, PROMPTS, WordTokenizer, corpus
 
 from pipeline.messages import CompressionPlan, Conversation, Turn
 from prepare.config import PassageReuseConfig
-from prepare.context import ContextChunk
-from prepare.continuation import SentTurn, SentTurns, turn_key, turn_scope, with_notes
+from prepare.continuation import SentTurn, SentTurns, turn_key, turn_scope
 from prepare.preparation import PromptPreparer
-from prepare.prompt import SHOWN_ABOVE, build_messages
 from prepare.reuse import PassageCacheView
 
 NONE = CompressionPlan("none", reuse=True)
@@ -113,29 +111,6 @@ def test_a_follow_up_continues_the_first_prompt_and_does_not_resend_its_whole_pa
     assert then.context_tokens_before < asked.context_tokens_before
     # It opens with the passage the first prompt opened with: the router's key for both.
     assert asked.opening_passage == then.opening_passage == asked.sources[0].chunk_id
-
-
-def test_a_follow_up_whose_continued_prompt_would_pass_the_bound_goes_in_the_plain_layout(
-    chunks,
-):
-    first = Conversation("Which alpha?")
-    question = follow_up(first, "alpha0.", "And beta?")
-    unbounded = preparer(SentTurns(16))
-    asked = unbounded.prepare(first, retrieval(*chunks[:3]), NONE, 64)
-    continued = unbounded.prepare(question, retrieval(chunks[2], chunks[3]), NONE, 64)
-    plain = preparer(None).prepare(question, retrieval(chunks[2], chunks[3]), NONE, 64)
-    # Its prompt without this turn's sources: the first prompt, the answer, the question.
-    history = [Turn(m["role"], m["content"]) for m in continued.messages[1:-1]]
-    system = continued.messages[0]["content"]
-    without_sources = WordTokenizer().count_chat(build_messages(system, [], "And beta?", history))
-    assert continued.continued_turns == 1
-
-    for bound, continues in [(without_sources, True), (without_sources - 1, False)]:
-        bounded = preparer(SentTurns(16), max_continued_tokens=bound)
-        assert bounded.prepare(first, retrieval(*chunks[:3]), NONE, 64).messages == asked.messages
-        then = bounded.prepare(question, retrieval(chunks[2], chunks[3]), NONE, 64)
-        assert then.continued_turns == (1 if continues else 0), bound
-        assert then.messages == (continued if continues else plain).messages, bound
 
 
 def test_when_every_passage_was_shown_before_the_follow_up_says_so(chunks):
@@ -338,7 +313,7 @@ def test_by_default_only_conversations_are_continued_and_a_path_is_seeded_after_
 def test_the_preparers_defaults_are_the_configs():
     reuse = PassageReuseConfig()
     defaults = inspect.signature(PromptPreparer).parameters
-    for name in ("skip_shown_turns", "resend_top_passages", "point_to_shown"):
+    for name in ("skip_shown_turns", "resend_top_passages"):
         assert defaults[name].default == getattr(reuse, name), name
 
 
@@ -358,45 +333,6 @@ def test_resend_top_passages_sends_the_top_passage_again_beside_the_question(chu
     assert source_ids(then.messages[-1]["content"]) == ["doc0#0", "doc2#0"]
     assert "alpha0 beta gamma delta." in then.messages[-1]["content"]
     assert sorted(s.chunk_id for s in then.sources) == ["doc0#0", "doc1#0", "doc2#0"]
-
-
-def test_point_to_shown_leaves_a_note_where_a_shown_passage_ranks(chunks):
-    prepare = preparer(SentTurns(16), skip_shown_turns=1, point_to_shown=True).prepare
-    first = Conversation("Which alpha?")
-    asked = prepare(first, retrieval(chunks[1], chunks[3]), NONE, 64)  # doc1 and doc3 whole
-    second = follow_up(first, "alpha1.", "And beta?")
-    then = prepare(second, retrieval(*chunks[:4]), NONE, 64)
-
-    last = then.messages[-1]["content"]
-    # In rank order: doc0 new, doc1 a note, doc2 new, doc3 a note.
-    assert source_ids(last) == ["doc0#0", "doc1#0", "doc2#0", "doc3#0"]
-    assert last.count(SHOWN_ABOVE) == 2 and "alpha1 beta" not in last
-    assert then.messages[1]["content"] == asked.messages[-1]["content"]
-    # The notes are counted as sent (after the user message's 2-token opening), and cited
-    # as the passages they stand for, once each.
-    sources_block = last[: last.index("\n\nQuestion:")]
-    assert then.layout.passages == 2 + WordTokenizer().count(sources_block)
-    assert sorted(s.chunk_id for s in then.sources) == ["doc0#0", "doc1#0", "doc2#0", "doc3#0"]
-    assert all(s.text != SHOWN_ABOVE for s in then.sources)
-    assert then.context_tokens_after == WordTokenizer().count(
-        " ".join(c.text for c in chunks[0:3:2])  # doc0 and doc2, kept whole
-    )
-    # A note shows nothing: a third question may leave out only what this one sent.
-    history = (*second.history, Turn("user", "And beta?"), Turn("assistant", "beta0."))
-    third = prepare(Conversation("Both?", history), retrieval(chunks[1], chunks[0]), NONE, 64)
-    assert source_ids(third.messages[-1]["content"]) == ["doc1#0", "doc0#0"]
-    assert third.messages[-1]["content"].count(SHOWN_ABOVE) == 1  # doc0, shown by the second
-
-
-def test_notes_go_before_the_first_kept_passage_ranked_below_them_and_keep_its_order():
-    def chunk(name: str) -> ContextChunk:
-        return ContextChunk(name, name, name, name, 0.0)
-
-    retrieved = list("abcde")
-    kept = [chunk("d"), chunk("b")]  # not in rank order: left as it is
-    placed = with_notes(kept, [chunk("e"), chunk("c"), chunk("a")], retrieved)
-    assert [c.chunk_id for c in placed] == ["a", "c", "d", "b", "e"]
-    assert with_notes(kept, [], retrieved) == kept
 
 
 class CountingWords(WordTokenizer):
