@@ -208,17 +208,7 @@ class _StreamReader:
 
 def sampling_fields(sampling: Sampling) -> dict[str, Any]:
     """The chat request's fields for what a request set beyond the defaults."""
-    fields: dict[str, Any] = {}
-    if sampling.top_p is not None:
-        fields["top_p"] = sampling.top_p
-    if sampling.stop:
-        fields["stop"] = list(sampling.stop)
-    if sampling.seed is not None:
-        fields["seed"] = sampling.seed
-    if sampling.presence_penalty:
-        fields["presence_penalty"] = sampling.presence_penalty
-    if sampling.frequency_penalty:
-        fields["frequency_penalty"] = sampling.frequency_penalty
+    fields: dict[str, Any] = sampling.set_fields()
     if sampling.logit_bias:
         fields["logit_bias"] = {str(token): bias for token, bias in sampling.logit_bias}
     if sampling.logprobs:

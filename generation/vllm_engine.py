@@ -175,17 +175,7 @@ def sampling_kwargs(sampling: Sampling) -> dict[str, Any]:
     unset field keeps the model's generation-config default, as vLLM's server does)."""
     from vllm.sampling_params import StructuredOutputsParams
 
-    kwargs: dict[str, Any] = {}
-    if sampling.top_p is not None:
-        kwargs["top_p"] = sampling.top_p
-    if sampling.stop:
-        kwargs["stop"] = list(sampling.stop)
-    if sampling.seed is not None:
-        kwargs["seed"] = sampling.seed
-    if sampling.presence_penalty:
-        kwargs["presence_penalty"] = sampling.presence_penalty
-    if sampling.frequency_penalty:
-        kwargs["frequency_penalty"] = sampling.frequency_penalty
+    kwargs: dict[str, Any] = sampling.set_fields()
     if sampling.logit_bias:
         kwargs["logit_bias"] = dict(sampling.logit_bias)
     if sampling.logprobs:

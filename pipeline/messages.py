@@ -303,6 +303,22 @@ class Sampling:
     top_logprobs: int = 0
     output: OutputFormat = OutputFormat()
 
+    def set_fields(self) -> dict[str, object]:
+        """The fields vLLM and OpenAI name alike, those a request set (unset ones keep the
+        model's defaults): top_p, stop, seed and the two penalties."""
+        fields: dict[str, object] = {}
+        if self.top_p is not None:
+            fields["top_p"] = self.top_p
+        if self.stop:
+            fields["stop"] = list(self.stop)
+        if self.seed is not None:
+            fields["seed"] = self.seed
+        if self.presence_penalty:
+            fields["presence_penalty"] = self.presence_penalty
+        if self.frequency_penalty:
+            fields["frequency_penalty"] = self.frequency_penalty
+        return fields
+
 
 DEFAULT_SAMPLING = Sampling()
 
