@@ -19,7 +19,13 @@ from generation.config import GeneratorConfig
 from pipeline.config_base import ReplicaConfig, StrictModel, most_replicas
 from pipeline.conversation import ConversationSettings
 from pipeline.messages import RetrievalQueryMode
-from prepare.config import CitationConfig, CompressionConfig, PromptConfig
+from prepare.config import (
+    PREPARATION_DEFAULTS,
+    CitationConfig,
+    CompressionConfig,
+    PreparationOptions,
+    PromptConfig,
+)
 from prepare.prompt import REWRITE_SYSTEM_PROMPT
 from retrieval.config import RetrieverConfig
 
@@ -46,7 +52,7 @@ class ConversationConfig(StrictModel):
         2, ge=0, description="Earlier user turns joined to the question by 'join'."
     )
     history_max_tokens: int = Field(
-        512,
+        PREPARATION_DEFAULTS.history_max_tokens,
         ge=0,
         description="Earlier turns kept in the prompt, in serving-tokenizer tokens; the "
         "oldest are cut first.",
@@ -131,6 +137,17 @@ class RagAppConfig(StrictModel):
                 "ingress.deployment.max_ongoing_requests"
             )
         return self
+
+    def preparation_options(self) -> PreparationOptions:
+        """What the compressor's and the ingress's prompt preparers are tuned by."""
+        reuse = self.compression.reuse
+        return PreparationOptions(
+            margin_tokens=self.prompt.margin_tokens,
+            sentence_prefilter_rate=self.compression.sentence_prefilter_rate,
+            history_max_tokens=self.conversation.history_max_tokens,
+            skip_shown_turns=reuse.skip_shown_turns,
+            resend_top_passages=reuse.resend_top_passages,
+        )
 
     def in_flight_limit(self) -> int:
         """Requests one ingress replica admits: as configured, else what the generator

@@ -63,12 +63,10 @@ class CompressorDeployment:
             resolve_model_reference(generator.tokenizer_source(), PROJECT_ROOT),
             config.prompt.system_prompts(),
             generator.max_model_len,
-            margin_tokens=config.prompt.margin_tokens,
+            config.preparation_options(),
             index_path=resolve_path(config.retriever.index_path),
             llmlingua=compression.llmlingua.to_load(),
-            sentence_prefilter_rate=compression.sentence_prefilter_rate,
             cost_model=compression.cost_model.to_model(),
-            history_max_tokens=config.conversation.history_max_tokens,
             collection_stores=collections.store_for if collections is not None else None,
             passage_cache=compression.reuse.to_view(),
             sent_turns=(
@@ -76,8 +74,6 @@ class CompressorDeployment:
                 if compression.reuse.remembered_turns
                 else None
             ),
-            skip_shown_turns=compression.reuse.skip_shown_turns,
-            resend_top_passages=compression.reuse.resend_top_passages,
         )
         self._attributor: Attributor | None = None
         if config.citations.enabled:

@@ -62,8 +62,7 @@ class RagIngress:
             resolve_model_reference(config.generator.tokenizer_source(), PROJECT_ROOT),
             config.prompt.system_prompts(),
             config.generator.max_model_len,
-            margin_tokens=config.prompt.margin_tokens,
-            history_max_tokens=config.conversation.history_max_tokens,
+            config.preparation_options(),
         )
         readiness = ReadinessMonitor(
             _running_replicas,

@@ -13,6 +13,10 @@ from pipeline.messages import AnswerStyle, CompressionPolicy
 from prepare.cost_model import CompressionCostModel, CompressorCost, PrefillCost
 from prepare.llmlingua_compressor import LLMLinguaOptions
 from prepare.methods import get_method, known_method, method_names
+
+# PreparationOptions is re-exported: the app config builds it from these settings.
+from prepare.options import PREPARATION_DEFAULTS
+from prepare.options import PreparationOptions as PreparationOptions
 from prepare.preparation import LLMLinguaLoad
 from prepare.prompt import DEFAULT_SYSTEM_PROMPT, SHORT_ANSWER_SYSTEM_PROMPT
 from prepare.reuse import PassageCacheView
@@ -175,7 +179,7 @@ class PassageReuseConfig(StrictModel):
         "(`python -m bench.reuse --seeding`).",
     )
     skip_shown_turns: int | None = Field(
-        1,
+        PREPARATION_DEFAULTS.skip_shown_turns,
         ge=0,
         description="A continued follow-up's retrieved passages leave out the sentences the "
         "last this-many turns of its prompt showed, and send again what older turns showed, "
@@ -187,7 +191,7 @@ class PassageReuseConfig(StrictModel):
         "conversations).",
     )
     resend_top_passages: int = Field(
-        1,
+        PREPARATION_DEFAULTS.resend_top_passages,
         ge=0,
         description="A continued follow-up's top this-many retrieved passages go beside "
         "the question as its compression keeps them, even where the last turns showed "
@@ -242,7 +246,10 @@ class CompressionConfig(StrictModel):
         None, ge=1, description="Absolute context-token target; overrides rate when set."
     )
     sentence_prefilter_rate: float = Field(
-        0.5, gt=0, le=1, description="What sentence selection keeps before LLMLingua runs."
+        PREPARATION_DEFAULTS.sentence_prefilter_rate,
+        gt=0,
+        le=1,
+        description="What sentence selection keeps before LLMLingua runs.",
     )
     llmlingua: LLMLinguaConfig = LLMLinguaConfig()
     reuse: PassageReuseConfig = Field(
@@ -275,7 +282,11 @@ class PromptConfig(StrictModel):
         description="Answer style when a request names none: 'short' (the answer span only) "
         "or 'explained' (a few sentences).",
     )
-    margin_tokens: int = Field(16, ge=0, description="Slack kept free in the context window.")
+    margin_tokens: int = Field(
+        PREPARATION_DEFAULTS.margin_tokens,
+        ge=0,
+        description="Slack kept free in the context window.",
+    )
 
     def system_prompts(self) -> dict[AnswerStyle, str]:
         return {"explained": self.system_prompt, "short": self.short_system_prompt}

@@ -43,6 +43,7 @@ from prepare.continuation import (
 from prepare.cost_model import CompressionCostModel
 from prepare.llmlingua_compressor import LLMLinguaCompressor, LLMLinguaOptions, ScorerDType
 from prepare.methods import NO_COMPRESSION, ContextSize, compress_chunks, decide, get_method
+from prepare.options import PREPARATION_DEFAULTS, PreparationOptions
 from prepare.prompt import (
     SOURCE_SEPARATOR,
     SOURCES_HEADING,
@@ -99,19 +100,18 @@ class PromptPreparer:
         tokenizer: ServingTokenizer,
         system_prompts: Mapping[AnswerStyle, str],
         max_model_len: int,
-        margin_tokens: int = 16,
+        options: PreparationOptions = PREPARATION_DEFAULTS,
+        *,
         chunk_compressor: ChunkCompressor | None = None,
-        sentence_prefilter_rate: float = 0.5,
         cost_model: CompressionCostModel | None = None,
         sentence_store: SentenceStore | None = None,
-        history_max_tokens: int = 512,
         collection_stores: CollectionStores | None = None,
         passage_cache: PassageCacheView | None = None,
         sent_turns: SentTurns | None = None,
-        skip_shown_turns: int | None = 1,
-        remembered_counts: int = 16384,
-        resend_top_passages: int = 1,
     ) -> None:
+        """`options` are the tunables; the rest are the parts it works with, each optional:
+        LLMLingua's scorer, the `auto` policy's cost model, the index's sentence store and
+        other collections', the passage view and the remembered turns (compression.reuse)."""
         self._tokenizer = tokenizer
         # Prompts' counts from their messages' (a continued history's sent questions are
         # tokenized once, not once per count per turn), where the template allows it.
@@ -119,8 +119,8 @@ class PromptPreparer:
         # Passages, sentences and fences recur across requests: counted once each (the last
         # `remembered_counts` texts; 0 counts every time).
         self._count = (
-            RememberedCounts(tokenizer.count, remembered_counts)
-            if remembered_counts
+            RememberedCounts(tokenizer.count, options.remembered_counts)
+            if options.remembered_counts
             else tokenizer.count
         )
         self._passage_cache = passage_cache
@@ -128,20 +128,20 @@ class PromptPreparer:
         # A continued follow-up's passages leave out the sentences the last
         # `skip_shown_turns` continued turns showed (None: any of them; 0: none; 1, as
         # compression.reuse's default: the turn before).
-        self._skip_shown_turns = skip_shown_turns
+        self._skip_shown_turns = options.skip_shown_turns
         # Its top `resend_top_passages` passages go whatever was shown.
-        self._resend_top_passages = resend_top_passages
+        self._resend_top_passages = options.resend_top_passages
         # prepare() runs on several threads at once (asyncio.to_thread); the view is shared.
         self._passage_cache_lock = threading.Lock()
         self._system_prompts = dict(system_prompts)
         self._max_model_len = max_model_len
-        self._margin_tokens = margin_tokens
+        self._margin_tokens = options.margin_tokens
         self._chunk_compressor = chunk_compressor
-        self._sentence_prefilter_rate = sentence_prefilter_rate
+        self._sentence_prefilter_rate = options.sentence_prefilter_rate
         self._cost_model = cost_model
         self._sentence_store = sentence_store
         self._collection_stores = collection_stores
-        self._history_max_tokens = history_max_tokens
+        self._history_max_tokens = options.history_max_tokens
         self._reserved = tokenizer.reserved_strings()
         # The system prompts never change: count them once.
         self.system_prompt_tokens = {
@@ -166,19 +166,14 @@ class PromptPreparer:
         tokenizer_path: str,
         system_prompts: Mapping[AnswerStyle, str],
         max_model_len: int,
+        options: PreparationOptions = PREPARATION_DEFAULTS,
         *,
-        margin_tokens: int = 16,
         index_path: Path | None = None,
         llmlingua: LLMLinguaLoad | None = None,
-        sentence_prefilter_rate: float = 0.5,
         cost_model: CompressionCostModel | None = None,
-        history_max_tokens: int = 512,
         collection_stores: CollectionStores | None = None,
         passage_cache: PassageCacheView | None = None,
         sent_turns: SentTurns | None = None,
-        skip_shown_turns: int | None = 1,
-        remembered_counts: int = 16384,
-        resend_top_passages: int = 1,
     ) -> PromptPreparer:
         """Load what preparation needs: the serving tokenizer, the index's sentence store
         (for sentence selection) and LLMLingua's scorer, each only when given;
@@ -196,18 +191,13 @@ class PromptPreparer:
             ServingTokenizer.load(tokenizer_path),
             system_prompts,
             max_model_len,
-            margin_tokens,
-            compressor,
-            sentence_prefilter_rate,
-            cost_model,
-            SentenceStore.load(index_path) if index_path is not None else None,
-            history_max_tokens,
-            collection_stores,
-            passage_cache,
-            sent_turns,
-            skip_shown_turns,
-            remembered_counts,
-            resend_top_passages,
+            options,
+            chunk_compressor=compressor,
+            cost_model=cost_model,
+            sentence_store=SentenceStore.load(index_path) if index_path is not None else None,
+            collection_stores=collection_stores,
+            passage_cache=passage_cache,
+            sent_turns=sent_turns,
         )
 
     def settle(self) -> None:

@@ -34,6 +34,7 @@ from bench.reuse import conversation_phases, gold_history_requests, phases  # no
 from bench.squad import DEFAULT_CACHE_DIR, SQUAD_DEV_FILENAME, load_squad  # noqa: E402
 from pipeline.messages import CompressionPlan, Conversation  # noqa: E402
 from prepare.continuation import SentTurns  # noqa: E402
+from prepare.options import PreparationOptions  # noqa: E402
 from prepare.preparation import PromptPreparer  # noqa: E402
 from prepare.prompt import DEFAULT_SYSTEM_PROMPT, SHORT_ANSWER_SYSTEM_PROMPT  # noqa: E402
 from retrieval.config import HybridRetrievalConfig  # noqa: E402
@@ -74,8 +75,9 @@ def compare(name: str, work, index: Path, reuse: bool) -> None:
             2048,
             index_path=index,
             sent_turns=SentTurns(4096),
-            skip_shown_turns=None,  # leave out what any turn showed, as when this was measured
-            remembered_counts=remembered_counts,
+            options=PreparationOptions(
+                skip_shown_turns=None, remembered_counts=remembered_counts
+            ),  # leave out what any turn showed, as when this was measured
         )
 
     sides = {"remembered": preparer(16384), "counted": preparer(0)}

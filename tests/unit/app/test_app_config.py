@@ -343,3 +343,27 @@ def test_the_shipped_serve_config_still_parses_with_the_vllm_engine():
 def test_hybrid_retrieval_needs_a_positive_weight():
     with pytest.raises(ConfigError, match=r"retriever\.hybrid.*one fusion weight must be positive"):
         parse_config({"retriever": {"hybrid": {"dense_weight": 0, "lexical_weight": 0}}})
+
+
+def test_the_preparers_options_come_from_the_config():
+    from prepare.options import PREPARATION_DEFAULTS, PreparationOptions
+
+    config = RagAppConfig.model_validate(
+        {
+            "prompt": {"margin_tokens": 3},
+            "compression": {
+                "sentence_prefilter_rate": 0.25,
+                "reuse": {"skip_shown_turns": None, "resend_top_passages": 2},
+            },
+            "conversation": {"history_max_tokens": 64},
+        }
+    )
+
+    assert config.preparation_options() == PreparationOptions(
+        margin_tokens=3,
+        sentence_prefilter_rate=0.25,
+        history_max_tokens=64,
+        skip_shown_turns=None,
+        resend_top_passages=2,
+    )
+    assert RagAppConfig().preparation_options() == PREPARATION_DEFAULTS

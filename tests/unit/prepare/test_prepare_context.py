@@ -52,7 +52,12 @@ def test_without_embeddings_splits_the_retrieved_text_into_sentences():
         retrieved.text,
         0.625,
     )
-    assert chunk.sentences == ("Keys are kept.", "Values too!", "# Blocks", "Pages hold 16 tokens.")
+    # The heading travels with the sentence after it (retrieval.sentences).
+    assert chunk.sentences == (
+        "Keys are kept.",
+        "Values too!",
+        "# Blocks\n  Pages hold 16 tokens.",
+    )
     assert chunk.sentence_embeddings is None
 
 

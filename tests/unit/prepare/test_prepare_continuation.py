@@ -3,7 +3,6 @@ its prompt continues the prompt before it; through PromptPreparer with a word to
 
 from __future__ import annotations
 
-import inspect
 import re
 from dataclasses import replace
 
@@ -13,6 +12,7 @@ from test_prepare_preparation import PLAIN_SPECS, PROMPTS, WordTokenizer, corpus
 from pipeline.messages import CompressionPlan, Conversation, Turn
 from prepare.config import PassageReuseConfig
 from prepare.continuation import SentTurn, SentTurns, turn_key, turn_scope
+from prepare.options import PreparationOptions
 from prepare.preparation import PromptPreparer
 from prepare.reuse import PassageCacheView
 
@@ -78,8 +78,9 @@ def preparer(
         sentence_store=store,
         passage_cache=PassageCacheView(10_000, seed_after=1),
         sent_turns=sent_turns,
-        skip_shown_turns=skip_shown_turns,
-        resend_top_passages=resend_top_passages,
+        options=PreparationOptions(
+            skip_shown_turns=skip_shown_turns, resend_top_passages=resend_top_passages
+        ),
         **options,
     )
 
@@ -308,13 +309,6 @@ def test_by_default_only_conversations_are_continued_and_a_path_is_seeded_after_
     view = PassageReuseConfig(path_passages=1).to_view()
     assert view is not None
     assert (view.path_passages, view.seed_after) == (1, 2)
-
-
-def test_the_preparers_defaults_are_the_configs():
-    reuse = PassageReuseConfig()
-    defaults = inspect.signature(PromptPreparer).parameters
-    for name in ("skip_shown_turns", "resend_top_passages"):
-        assert defaults[name].default == getattr(reuse, name), name
 
 
 def source_ids(content: str) -> list[str]:

@@ -28,6 +28,7 @@ from pipeline.messages import (
 from prepare import preparation as preparation_module
 from prepare.cost_model import CompressionCostModel, CompressorCost, PrefillCost
 from prepare.llmlingua_compressor import LLMLinguaOptions
+from prepare.options import PreparationOptions
 from prepare.preparation import LLMLinguaLoad, PromptPreparer, PromptTooLongError
 from prepare.prompt import (
     DEFAULT_SYSTEM_PROMPT,
@@ -176,7 +177,11 @@ def test_stored_sentences_are_neutralized_before_the_budget_cuts_at_them():
     # Budget: 44 - 10 answer - 20 fixed - 4 margin = 10; the fence takes 5, the first
     # (neutralised: 3-word) sentence 4 of the 5 left, the second does not fit.
     preparer = PromptPreparer(
-        WordTokenizer(), PROMPTS, max_model_len=44, margin_tokens=4, sentence_store=store
+        WordTokenizer(),
+        PROMPTS,
+        max_model_len=44,
+        options=PreparationOptions(margin_tokens=4),
+        sentence_store=store,
     )
 
     prepared = preparer.prepare(Conversation("Q?"), retrieval(*chunks), CompressionPlan("none"), 10)
@@ -232,7 +237,7 @@ def test_remembered_counts_prepare_the_same_prompts_with_fewer_tokenizer_calls(
             PROMPTS,
             max_model_len=2048,
             sentence_store=plain_store,
-            remembered_counts=remembered_counts,
+            options=PreparationOptions(remembered_counts=remembered_counts),
         ), tokenizer
 
     (remembering, remembering_tokenizer), (plain, plain_tokenizer) = preparer(64), preparer(0)
@@ -403,7 +408,11 @@ def test_context_is_cut_to_the_budget_and_the_whole_prompt_fits(plain_store, pla
     tokenizer = WordTokenizer()
     max_model_len, max_tokens = 100, 40
     preparer = PromptPreparer(
-        tokenizer, PROMPTS, max_model_len=max_model_len, margin_tokens=4, sentence_store=plain_store
+        tokenizer,
+        PROMPTS,
+        max_model_len=max_model_len,
+        options=PreparationOptions(margin_tokens=4),
+        sentence_store=plain_store,
     )
 
     prepared = preparer.prepare(
@@ -421,7 +430,12 @@ def test_without_a_store_the_budget_still_cuts_a_chunk_at_a_sentence():
     chunk = retrieved("doc0#0", "doc0", "Doc 0", "One two three. Four five six. Seven eight nine.")
     # Budget: 47 - 10 answer - 20 fixed - 4 margin = 13; the fence takes 5, each 3-word
     # sentence 4: two sentences fit, not the whole 9-word chunk.
-    preparer = PromptPreparer(WordTokenizer(), PROMPTS, max_model_len=47, margin_tokens=4)
+    preparer = PromptPreparer(
+        WordTokenizer(),
+        PROMPTS,
+        max_model_len=47,
+        options=PreparationOptions(margin_tokens=4),
+    )
 
     prepared = preparer.prepare(Conversation("Q?"), retrieval(chunk), CompressionPlan("none"), 10)
 
@@ -734,7 +748,11 @@ def test_load_with_an_index_uses_its_sentence_store(tmp_path, loaded_tokenizers,
     index = save_plain_index(tmp_path / "index")
 
     preparer = PromptPreparer.load(
-        "org/serving-model", PROMPTS, 2048, margin_tokens=8, index_path=tmp_path / "index"
+        "org/serving-model",
+        PROMPTS,
+        2048,
+        options=PreparationOptions(margin_tokens=8),
+        index_path=tmp_path / "index",
     )
     prepared = preparer.prepare(
         Conversation("Which?"),
@@ -854,16 +872,31 @@ TURNS = (
 
 
 def test_fit_history_keeps_the_newest_turns_that_fit_starting_with_a_user_turn():
-    preparer = PromptPreparer(WordTokenizer(), PROMPTS, max_model_len=2048, history_max_tokens=24)
+    preparer = PromptPreparer(
+        WordTokenizer(),
+        PROMPTS,
+        max_model_len=2048,
+        options=PreparationOptions(history_max_tokens=24),
+    )
 
     # 3 turns fit (24 tokens), but the oldest of them is an answer: it is dropped too.
     assert preparer.fit_history(TURNS) == TURNS[2:]
     assert (
-        PromptPreparer(WordTokenizer(), PROMPTS, 2048, history_max_tokens=32).fit_history(TURNS)
+        PromptPreparer(
+            WordTokenizer(),
+            PROMPTS,
+            2048,
+            options=PreparationOptions(history_max_tokens=32),
+        ).fit_history(TURNS)
         == TURNS
     )
     assert (
-        PromptPreparer(WordTokenizer(), PROMPTS, 2048, history_max_tokens=7).fit_history(TURNS)
+        PromptPreparer(
+            WordTokenizer(),
+            PROMPTS,
+            2048,
+            options=PreparationOptions(history_max_tokens=7),
+        ).fit_history(TURNS)
         == ()
     )
 
@@ -892,7 +925,12 @@ def test_prompt_puts_the_history_between_the_system_prompt_and_the_sources():
 def test_history_that_leaves_no_room_is_cut_oldest_exchange_first():
     # Fixed without history: system 9 + user (Sources/none/Question/Q? words) + 4; the
     # window leaves room for the last exchange only.
-    preparer = PromptPreparer(WordTokenizer(), PROMPTS, max_model_len=60, margin_tokens=0)
+    preparer = PromptPreparer(
+        WordTokenizer(),
+        PROMPTS,
+        max_model_len=60,
+        options=PreparationOptions(margin_tokens=0),
+    )
     chunk = retrieved("doc0#0", "doc0", "Doc 0", "Blocks.")
 
     prepared = preparer.prepare(

@@ -27,6 +27,7 @@ from bench.coqa import CACHE_DIR, COQA_FILENAME, INDEX_DIR, load  # noqa: E402
 from bench.reuse import conversation_phases  # noqa: E402
 from pipeline.messages import CompressionPlan, Conversation, Turn  # noqa: E402
 from prepare.continuation import SentTurns  # noqa: E402
+from prepare.options import PreparationOptions  # noqa: E402
 from prepare.preparation import PromptPreparer  # noqa: E402
 from prepare.prompt import DEFAULT_SYSTEM_PROMPT, SHORT_ANSWER_SYSTEM_PROMPT  # noqa: E402
 from retrieval.config import HybridRetrievalConfig  # noqa: E402
@@ -67,7 +68,8 @@ def follow_up_ms(work, reuse: bool, profile: cProfile.Profile | None = None) -> 
         2048,
         index_path=ROOT / INDEX_DIR,
         sent_turns=SentTurns(4096),
-        skip_shown_turns=None,  # leave out what any turn showed, as when this was measured
+        # Leave out what any turn showed, as when this was measured.
+        options=PreparationOptions(skip_shown_turns=None),
     )
     plan = CompressionPlan("sentences", 0.5, policy="always", reuse=reuse)
     times = []

@@ -30,6 +30,7 @@ from bench.coqa import CACHE_DIR, COQA_FILENAME, INDEX_DIR, load  # noqa: E402
 from bench.reuse import conversation_phases, gold_history_requests  # noqa: E402
 from pipeline.messages import CompressionPlan  # noqa: E402
 from prepare.continuation import SentTurns  # noqa: E402
+from prepare.options import PreparationOptions  # noqa: E402
 from prepare.preparation import PromptPreparer  # noqa: E402
 from prepare.prompt import DEFAULT_SYSTEM_PROMPT, SHORT_ANSWER_SYSTEM_PROMPT  # noqa: E402
 from retrieval.config import HybridRetrievalConfig  # noqa: E402
@@ -71,7 +72,7 @@ def main() -> None:
             4096,
             index_path=ROOT / INDEX_DIR,
             sent_turns=SentTurns(4096),
-            skip_shown_turns=skip,
+            options=PreparationOptions(skip_shown_turns=skip),
         )
         plan = CompressionPlan("sentences", 0.5, policy="always", reuse=reuse)
         before: list[int] = []
