@@ -111,9 +111,8 @@ class CollectionsConfig(StrictModel):
         description="How the thread that runs jobs yields the CPU to queries. 'idle' "
         "(Linux SCHED_IDLE): it runs only on CPU time nothing else wants, so a job never "
         "preempts the query path's threads; under a load that keeps every CPU busy, jobs "
-        "wait. 'nice': `job_niceness`, a smaller share but never starved (on 2 cores under "
-        "continuous ingestion, query p99 was 2.22x the quiet phases' with nice 10 and 0.94x "
-        "with SCHED_IDLE: docs/retired.md, bench.ingestion).",
+        "wait. 'nice': `job_niceness`, a smaller share but never starved (what each does to "
+        "queries' p99: docs/retired.md, bench.ingestion).",
     )
     job_niceness: int = Field(
         10,

@@ -163,12 +163,8 @@ class PassageReuseConfig(StrictModel):
         ge=0,
         description="Passages the layout keeps whole in the shared prefix after the system "
         "prompt (None: no limit). 0 (the default): none, so a question without history "
-        "goes in the plain layout and only follow-ups continue the prompts before them; on "
-        "single SQuAD questions a one-passage path was no faster on later questions about "
-        "a passage and a little slower where none came. Questions about one passage "
-        "rarely share their second and later passages, so deeper paths cost a whole "
-        "passage's prefill a request for hits that seldom came (docs/benchmarks.md, "
-        "passage reuse).",
+        "goes in the plain layout and only follow-ups continue the prompts before them "
+        "(what a path costs and buys: docs/benchmarks.md).",
     )
     seed_after_retrievals: int = Field(
         2,
@@ -183,11 +179,8 @@ class PassageReuseConfig(StrictModel):
         ge=0,
         description="A continued follow-up's retrieved passages leave out the sentences the "
         "last this-many turns of its prompt showed, and send again what older turns showed, "
-        "so that evidence sits near the question. 1 (the default; measured with "
-        "resend_top_passages 0): follow-ups at 0.82-0.91x the plain layout's TTFT, answers "
-        "no detectable difference pooled over four runs, though a gold in fewer of them in "
-        "one; None leaves out what any turn showed (the fewest tokens, 0.77x, but a gold in "
-        "detectably fewer answers); 0 leaves out nothing (docs/benchmarks.md, "
+        "so that evidence sits near the question; None leaves out what any turn showed "
+        "(the fewest tokens), 0 nothing (each one's figures: docs/benchmarks.md, "
         "conversations).",
     )
     resend_top_passages: int = Field(
@@ -195,10 +188,8 @@ class PassageReuseConfig(StrictModel):
         ge=0,
         description="A continued follow-up's top this-many retrieved passages go beside "
         "the question as its compression keeps them, even where the last turns showed "
-        "them. 1 (the default): the best evidence next to the question, for about the "
-        "tokens a note costs; follow-ups' answers detectably better than the plain "
-        "layout's, and no slower to a first token, where 0 put a gold in fewer of them "
-        "(docs/benchmarks.md, conversations).",
+        "them, so its best evidence sits next to it (figures: docs/benchmarks.md, "
+        "conversations).",
     )
     remembered_turns: int = Field(
         4096,
