@@ -180,8 +180,9 @@ def sampling_kwargs(sampling: Sampling) -> dict[str, Any]:
         kwargs["logit_bias"] = dict(sampling.logit_bias)
     if sampling.logprobs:
         kwargs["logprobs"] = sampling.top_logprobs
-    # Compact JSON: a grammar that allows any whitespace lets a small reader write blank
-    # lines until max_tokens cuts its JSON short.
+    # Asked for compact JSON (a grammar that allows any whitespace lets a small reader
+    # write blank lines until max_tokens); the answers recorded on the CPU build still
+    # held newlines and indentation, so this is a request, not a bound on length.
     output = sampling.output
     if output.kind == "json_object":
         kwargs["structured_outputs"] = StructuredOutputsParams(
