@@ -435,16 +435,12 @@ async def _admitted(state: ApiState) -> AsyncIterator[None]:
 
 
 async def _collect(state: ApiState, query: RagQuery) -> RagResult:
-    _admit(state)
-    try:
-        async with asyncio.timeout(state.config.ingress.request_timeout_s):
-            async for event in state.pipeline.run(query):
-                if isinstance(event, FailedEvent):
-                    raise ApiError.from_stage(event.error, state.config.ingress.retry_after_s)
-                if isinstance(event, DoneEvent):
-                    return event.result
-    finally:
-        state.gate.leave()
+    async with _admitted(state), asyncio.timeout(state.config.ingress.request_timeout_s):
+        async for event in state.pipeline.run(query):
+            if isinstance(event, FailedEvent):
+                raise ApiError.from_stage(event.error, state.config.ingress.retry_after_s)
+            if isinstance(event, DoneEvent):
+                return event.result
     raise internal()
 
 

@@ -33,8 +33,8 @@ from app.rag_format import DONE, Renderer, response_model, sources_of, sse_event
 from app.schemas import ChatCompletionRequest, ChatMessage
 from pipeline.messages import Sampling, TokenEvent, TokenLogprob, Turn
 from pipeline.rag import (
+    AnswerChoice,
     DoneEvent,
-    ExtraChoice,
     FailedEvent,
     PipelineEvent,
     RagQuery,
@@ -130,12 +130,6 @@ def logprobs_of(tokens: tuple[TokenLogprob, ...]) -> list[ChatCompletionTokenLog
     ]
 
 
-def _choice_logprobs(
-    asked: bool, tokens: tuple[TokenLogprob, ...]
-) -> completion_types.ChoiceLogprobs | None:
-    return completion_types.ChoiceLogprobs(content=logprobs_of(tokens)) if asked else None
-
-
 def completion_body(
     result: RagResult,
     model: str,
@@ -143,27 +137,26 @@ def completion_body(
     ignored_system: int = 0,
     with_logprobs: bool = False,
 ) -> dict:
-    first = completion_types.Choice(
-        index=0,
-        message=ChatCompletionMessage(role="assistant", content=result.answer),
-        finish_reason=_finish_reason(result.finish_reason),
-        logprobs=_choice_logprobs(with_logprobs, result.logprobs),
-    )
-    others = [
+    first = AnswerChoice(0, result.answer, result.finish_reason, 0, result.logprobs)
+    choices = [
         completion_types.Choice(
             index=choice.index,
             message=ChatCompletionMessage(role="assistant", content=choice.text),
             finish_reason=_finish_reason(choice.finish_reason),
-            logprobs=_choice_logprobs(with_logprobs, choice.logprobs),
+            logprobs=(
+                completion_types.ChoiceLogprobs(content=logprobs_of(choice.logprobs))
+                if with_logprobs
+                else None
+            ),
         )
-        for choice in result.extra_choices
+        for choice in (first, *result.extra_choices)
     ]
     completion = ChatCompletion(
         id=f"chatcmpl-{result.request_id}",
         object="chat.completion",
         created=created,
         model=model,
-        choices=[first, *others],
+        choices=choices,
         usage=usage_of(result),
         sources=[source.model_dump() for source in sources_of(result.prepared)],
         rag=_rag_extras(result, ignored_system),
@@ -198,7 +191,7 @@ def sse_chunks(
         )
         return sse_event(body.model_dump_json(exclude_unset=True))
 
-    def extra_choice(choice: ExtraChoice) -> ServerSentEvent:
+    def extra_choice(choice: AnswerChoice) -> ServerSentEvent:
         delta = chunk_types.ChoiceDelta(role="assistant", content=choice.text)
         return chunk(delta, _finish_reason(choice.finish_reason), choice.index, choice.logprobs)
 

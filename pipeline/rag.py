@@ -118,8 +118,8 @@ class HopTiming:
 
 
 @dataclass(frozen=True)
-class ExtraChoice:
-    """Another answer to the same prompt, for a request's `n` > 1 (index 1 on)."""
+class AnswerChoice:
+    """One answer to the prompt; a result's `extra_choices` (a request's `n` > 1) are index 1 on."""
 
     index: int
     text: str
@@ -157,7 +157,7 @@ class RagResult:
     # With Sampling.logprobs: the answer's tokens' log probabilities.
     logprobs: tuple[TokenLogprob, ...] = ()
     # With n > 1: the other answers, from the same prompt.
-    extra_choices: tuple[ExtraChoice, ...] = ()
+    extra_choices: tuple[AnswerChoice, ...] = ()
 
     @property
     def tpot_ms(self) -> float | None:
@@ -355,7 +355,7 @@ class RagPipeline:
 
     async def _extra_choice(
         self, query: RagQuery, prepared: PreparedPrompt, first: GenerationRequest, index: int
-    ) -> ExtraChoice:
+    ) -> AnswerChoice:
         """One more answer to the same prompt: its own request id and, with a seed, its own
         seed (the same seed would draw the same answer)."""
         sampling = query.sampling
@@ -376,7 +376,7 @@ class RagPipeline:
                     elif isinstance(event, FinishEvent):
                         text = "".join(pieces) + cleaner.finish()
                         tokens = event.usage.completion_tokens
-                        return ExtraChoice(index, text, event.reason, tokens, tuple(logprobs))
+                        return AnswerChoice(index, text, event.reason, tokens, tuple(logprobs))
         raise RequestRefused(
             StageError(502, "the generator ended the stream early", "server_error")
         )
@@ -508,7 +508,7 @@ def _cleaner(query: RagQuery, prepared: PreparedPrompt) -> AnswerStreamCleaner |
     return AnswerStreamCleaner([source.chunk_id for source in prepared.sources])
 
 
-async def _gathered(extras: list[asyncio.Task[ExtraChoice]]) -> tuple[ExtraChoice, ...]:
+async def _gathered(extras: list[asyncio.Task[AnswerChoice]]) -> tuple[AnswerChoice, ...]:
     return tuple(await asyncio.gather(*extras)) if extras else ()
 
 
