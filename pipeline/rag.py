@@ -64,6 +64,9 @@ logger = get_logger(__name__)
 
 T = TypeVar("T")
 
+# A generation stream that closed without a FinishEvent.
+ENDED_EARLY = StageError(502, "the generator ended the stream early", "server_error")
+
 
 class RequestRefused(Exception):
     """A stage refused the request itself (bad input, prompt too long, engine refusal)."""
@@ -305,12 +308,11 @@ class RagPipeline:
             for task in extras:
                 task.cancel()
         if finish is None:
-            error = StageError(502, "the generator ended the stream early", "server_error")
             if first_token_at is None:
-                raise RequestRefused(error)
+                raise RequestRefused(ENDED_EARLY)
             if rest := cleaner.finish():
                 yield TokenEvent(rest)
-            yield FailedEvent(error)
+            yield FailedEvent(ENDED_EARLY)
             return
         if (rest := cleaner.finish()) or pending:
             first_token_at = first_token_at or time.perf_counter()
@@ -377,9 +379,7 @@ class RagPipeline:
                         text = "".join(pieces) + cleaner.finish()
                         tokens = event.usage.completion_tokens
                         return AnswerChoice(index, text, event.reason, tokens, tuple(logprobs))
-        raise RequestRefused(
-            StageError(502, "the generator ended the stream early", "server_error")
-        )
+        raise RequestRefused(ENDED_EARLY)
 
     async def _retrieval_query(self, query: RagQuery) -> tuple[RetrievalQuery, float]:
         """What to search for, and the milliseconds a rewrite took (0 without one). A
