@@ -269,7 +269,7 @@ def _check_model(state: ApiState, model: str) -> None:
 async def _chat_completions(body: ChatCompletionRequest, request: Request):
     state = _state(request)
     _check_model(state, body.model)
-    sampling.check_refused(body.model_dump(exclude_unset=True))
+    sampling.check_refused(body)
     chat = openai_format.conversation_of(body)
     max_tokens = body.max_completion_tokens or body.max_tokens
     options = body.rag or RagOptions()

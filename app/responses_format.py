@@ -49,8 +49,7 @@ SKIPPED_ITEMS = ("file_search_call", "reasoning")
 
 
 def check_refused(body: ResponsesRequest) -> None:
-    fields = body.model_dump(exclude_unset=True)
-    sampling.check_tools(fields)
+    sampling.check_tools(body.tools, body.tool_choice)
     if body.previous_response_id is not None:
         raise sampling.unsupported(
             "previous_response_id", "responses are not stored; send the conversation as input"

@@ -15,6 +15,7 @@ from app.errors import ApiError, bad_request
 from app.schemas import (
     MAX_LOGIT_BIAS_ENTRIES,
     MAX_STOP_SEQUENCES,
+    ChatCompletionRequest,
     JsonObjectFormat,
     JsonSchemaFormat,
     ResponseFormat,
@@ -41,23 +42,22 @@ def unsupported(param: str, why: str) -> ApiError:
     )
 
 
-def check_tools(fields: Mapping[str, Any]) -> None:
+def check_tools(tools: list[Any] | None, tool_choice: Any) -> None:
     """Refuse tool use: a non-empty `tools`, or a `tool_choice` that asks for a tool."""
-    if fields.get("tools"):
+    if tools:
         raise unsupported("tools", TOOLS_REFUSED)
-    choice = fields.get("tool_choice")
-    if choice is not None and choice not in ("none", "auto"):
+    if tool_choice is not None and tool_choice not in ("none", "auto"):
         raise unsupported("tool_choice", TOOLS_REFUSED)
 
 
-def check_refused(fields: Mapping[str, Any]) -> None:
-    """400 `unsupported_parameter` for the first refused field the request set."""
-    check_tools(fields)
+def check_refused(body: ChatCompletionRequest) -> None:
+    """400 `unsupported_parameter` for the first refused field the request set (read off
+    the parsed body: no copy of its messages is made)."""
+    check_tools(body.tools, body.tool_choice)
     for name, why in REFUSED_CHAT_FIELDS.items():
-        if fields.get(name) is not None:
+        if getattr(body, name) is not None:
             raise unsupported(name, why)
-    modalities = fields.get("modalities")
-    if modalities is not None and set(modalities) - {"text"}:
+    if body.modalities is not None and set(body.modalities) - {"text"}:
         raise unsupported("modalities", "the service answers in text only")
 
 
