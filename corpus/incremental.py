@@ -147,8 +147,7 @@ def build_next_version(
     report = progress or (lambda done, total: None)
     report(0, len(changes.upserts))
     output = Path(output)
-    if output.exists() and any(output.iterdir()):
-        raise ValueError(f"{output} is not empty: a version is written into an empty folder")
+    _require_empty(output)
     before = _load_previous(previous, embedding_model, embedder.dimension)
     if before is not None:
         chunking = ChunkingParams(**before.manifest.chunking)
@@ -157,19 +156,12 @@ def build_next_version(
     chunk_vectors, fresh = _embed(new_chunks, embedder, stored_rows, report)
 
     removed = {document.doc_id for document in changes.upserts} | set(changes.deletes)
-    old_chunks = before.chunks if before else []
-    kept_rows = [row for row, item in enumerate(old_chunks) if item.chunk.doc_id not in removed]
-    chunks = [old_chunks[row].chunk for row in kept_rows] + [c for cs in new_chunks for c in cs]
+    kept_rows, chunks = _next_chunks(before, removed, new_chunks)
     indexed, sentence_texts = index_sentences(chunks)
     stored = before.sentence_embeddings if before else None
     sentences = _sentence_matrix(sentence_texts, stored_rows, stored, fresh, embedder.dimension)
 
-    # An empty version is an empty flat index, whatever kind was asked for.
-    params = (
-        resolve_index_params(index_params, len(chunks), auto_tiers)
-        if chunks
-        else IndexParams(kind="flat")
-    )
+    params = _next_index_params(index_params, len(chunks), auto_tiers)
     faiss_index = next_faiss_index(before, kept_rows, chunk_vectors, params)
     old_documents = _previous_documents(previous, before)
     documents = _next_documents(old_documents, changes, new_chunks, removed)
@@ -182,22 +174,63 @@ def build_next_version(
         chunking=asdict(chunking),
         extra=_manifest_extra(before, len(documents)),
     )
-    lexical = LexicalIndex.build([chunk.text for chunk in chunks]) if chunks else None
-    if lexical is not None:
-        manifest.extra[LEXICAL_MANIFEST_KEY] = lexical.describe()
+    lexical = _lexical_index(chunks, manifest)
     index = FaissIndex(faiss_index, indexed, sentences, manifest)
     index.set_search_params(nprobe=params.nprobe, ef_search=params.ef_search)
     _write_version(output, index, lexical, documents)
-    logger.info(
-        "%s: %d chunks (%d kept, %d embedded), %d sentences (%d embedded), %s index",
-        output, len(chunks), len(kept_rows), len(chunk_vectors), len(sentence_texts),
-        len(fresh), params.kind,
-    )  # fmt: skip
-    report(len(changes.upserts), len(changes.upserts))
 
-    return _summary(
+    build = _summary(
         manifest, changes, old_documents, len(kept_rows), len(chunk_vectors), len(fresh)
     )
+    _log_build(output, build)
+    report(len(changes.upserts), len(changes.upserts))
+    return build
+
+
+def _require_empty(output: Path) -> None:
+    """Refuse an `output` folder that already holds something."""
+    if output.exists() and any(output.iterdir()):
+        raise ValueError(f"{output} is not empty: a version is written into an empty folder")
+
+
+def _next_chunks(
+    before: FaissIndex | None, removed: set[str], new_chunks: list[list[Chunk]]
+) -> tuple[list[int], list[Chunk]]:
+    """The previous version's rows kept (their documents not in `removed`) and the next
+    version's chunks: the kept ones in their previous order, then the new ones."""
+    old_chunks = before.chunks if before else []
+    kept_rows = [row for row, item in enumerate(old_chunks) if item.chunk.doc_id not in removed]
+    chunks = [old_chunks[row].chunk for row in kept_rows] + [c for cs in new_chunks for c in cs]
+    return kept_rows, chunks
+
+
+def _next_index_params(
+    index_params: IndexParams, num_chunks: int, auto_tiers: AutoTiers
+) -> IndexParams:
+    """The index settings for `num_chunks` chunks: an empty version is an empty flat index,
+    whatever kind was asked for."""
+    if not num_chunks:
+        return IndexParams(kind="flat")
+    return resolve_index_params(index_params, num_chunks, auto_tiers)
+
+
+def _lexical_index(chunks: list[Chunk], manifest: Manifest) -> LexicalIndex | None:
+    """The BM25 index over every chunk text, described in `manifest`; None without chunks."""
+    if not chunks:
+        return None
+    lexical = LexicalIndex.build([chunk.text for chunk in chunks])
+    manifest.extra[LEXICAL_MANIFEST_KEY] = lexical.describe()
+    return lexical
+
+
+def _log_build(output: Path, build: VersionBuild) -> None:
+    """One log line on what was embedded and what was reused."""
+    manifest = build.manifest
+    logger.info(
+        "%s: %d chunks (%d kept, %d embedded), %d sentences (%d embedded), %s index",
+        output, build.num_chunks, build.reused_chunks, build.embedded_chunks,
+        manifest.num_sentences, build.embedded_sentences, manifest.index["kind"],
+    )  # fmt: skip
 
 
 def _manifest_extra(before: FaissIndex | None, num_documents: int) -> dict:
