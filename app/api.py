@@ -134,6 +134,27 @@ class ApiState:
 
 def create_api(state: ApiState | None = None) -> FastAPI:
     """The FastAPI app; without `state` every /v1 route answers 503 (not ready)."""
+    api = FastAPI(
+        title="RAG serve",
+        description="Question answering over a document collection: FAISS retrieval, "
+        "context compression, vLLM generation.",
+        version="0.2.0",
+        lifespan=_lifespan(state),
+        # The default /docs loads Swagger UI from a CDN; the playground module serves it locally.
+        docs_url=None,
+        redoc_url=None,
+    )
+    api.state.rag = state
+    _install_error_handlers(api)
+    _install_middleware(api, state)
+    _install_routes(api, state)
+    return api
+
+
+def _lifespan(
+    state: ApiState | None,
+) -> Callable[[FastAPI], contextlib.AbstractAsyncContextManager[None]]:
+    """The app's lifespan: the readiness monitor runs while the app serves."""
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -146,18 +167,12 @@ def create_api(state: ApiState | None = None) -> FastAPI:
         if state is not None:
             await state.readiness.stop()
 
-    api = FastAPI(
-        title="RAG serve",
-        description="Question answering over a document collection: FAISS retrieval, "
-        "context compression, vLLM generation.",
-        version="0.2.0",
-        lifespan=lifespan,
-        # The default /docs loads Swagger UI from a CDN; the playground module serves it locally.
-        docs_url=None,
-        redoc_url=None,
-    )
-    api.state.rag = state
-    _install_error_handlers(api)
+    return lifespan
+
+
+def _install_middleware(api: FastAPI, state: ApiState | None) -> None:
+    """Admission before any route: body size, upload budget, key and rate, error counting
+    and the capacity header (the last two only with `state`)."""
     limit = state.config.ingress.max_body_bytes if state else 1 << 20
     upload_limit = state.config.collections.max_upload_bytes if state else limit
 
@@ -190,6 +205,11 @@ def create_api(state: ApiState | None = None) -> FastAPI:
         # Outermost: it sees the errors of the two above as well as the handlers'.
         api.add_middleware(ErrorCounter, sink=state.count_error)
         api.add_middleware(CapacityHeader, name=CAPACITY_HEADER, value=state.capacity_value)
+
+
+def _install_routes(api: FastAPI, state: ApiState | None) -> None:
+    """Health and readiness, the /v1 routes (collections only with a collections backend),
+    and the playground."""
     api.add_api_route("/healthz", _healthz, methods=["GET"])
     api.add_api_route("/readyz", _readyz, methods=["GET"], responses={503: ERROR_RESPONSES[503]})
     # The key is checked by RequestGuard before the body is read; this only declares it in
@@ -216,7 +236,6 @@ def create_api(state: ApiState | None = None) -> FastAPI:
     if state is not None and state.collections is not None:
         install_collection_routes(api, declares_key)
     install_playground(api)
-    return api
 
 
 def _state(request: Request) -> ApiState:
