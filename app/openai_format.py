@@ -11,7 +11,7 @@ citations in `rag`.
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 
 from openai.types import CompletionUsage
@@ -167,61 +167,20 @@ def completion_body(
 def sse_chunks(
     query: RagQuery, model: str, created: int, include_usage: bool, ignored_system: int = 0
 ) -> Renderer:
-    chunk_id = f"chatcmpl-{query.request_id}"
-
-    with_logprobs = query.sampling.logprobs
-
-    def chunk(
-        delta: chunk_types.ChoiceDelta,
-        finish_reason=None,
-        index: int = 0,
-        logprobs: tuple[TokenLogprob, ...] | None = None,
-        **extra,
-    ) -> ServerSentEvent:
-        choice = chunk_types.Choice(index=index, delta=delta, finish_reason=finish_reason)
-        if with_logprobs and logprobs is not None:
-            choice.logprobs = chunk_types.ChoiceLogprobs(content=logprobs_of(logprobs))
-        body = ChatCompletionChunk(
-            id=chunk_id,
-            object="chat.completion.chunk",
-            created=created,
-            model=model,
-            choices=[choice],
-            **extra,
-        )
-        return sse_event(body.model_dump_json(exclude_unset=True))
-
-    def extra_choice(choice: AnswerChoice) -> ServerSentEvent:
-        delta = chunk_types.ChoiceDelta(role="assistant", content=choice.text)
-        return chunk(delta, _finish_reason(choice.finish_reason), choice.index, choice.logprobs)
+    writer = _ChunkWriter(f"chatcmpl-{query.request_id}", created, model, query.sampling.logprobs)
 
     async def render(events: AsyncIterator[PipelineEvent]) -> AsyncIterator[ServerSentEvent]:
         async for event in events:
             if isinstance(event, TokenEvent):
-                yield chunk(chunk_types.ChoiceDelta(content=event.text), logprobs=event.logprobs)
+                delta = chunk_types.ChoiceDelta(content=event.text)
+                yield writer.chunk(delta, logprobs=event.logprobs)
             elif isinstance(event, SourcesEvent):
                 sources = [source.model_dump() for source in sources_of(event.prepared)]
-                yield chunk(chunk_types.ChoiceDelta(role="assistant", content=""), sources=sources)
+                delta = chunk_types.ChoiceDelta(role="assistant", content="")
+                yield writer.chunk(delta, sources=sources)
             elif isinstance(event, DoneEvent):
-                result = event.result
-                # The other choices were drawn beside the first; each comes whole.
-                for choice in result.extra_choices:
-                    yield extra_choice(choice)
-                yield chunk(
-                    chunk_types.ChoiceDelta(),
-                    _finish_reason(result.finish_reason),
-                    rag=_rag_extras(result, ignored_system),
-                )
-                if include_usage:
-                    usage_chunk = ChatCompletionChunk(
-                        id=chunk_id,
-                        object="chat.completion.chunk",
-                        created=created,
-                        model=model,
-                        choices=[],
-                        usage=usage_of(result),
-                    )
-                    yield sse_event(usage_chunk.model_dump_json(exclude_unset=True))
+                for done in writer.finish(event.result, include_usage, ignored_system):
+                    yield done
             elif isinstance(event, FailedEvent):
                 error = ApiError.from_stage(event.error)
                 yield sse_event(json.dumps(error_body(error, query.request_id)))
@@ -229,6 +188,57 @@ def sse_chunks(
         yield DONE
 
     return render
+
+
+@dataclass(frozen=True)
+class _ChunkWriter:
+    """The `chat.completion.chunk` events of one streamed completion."""
+
+    chunk_id: str
+    created: int
+    model: str
+    with_logprobs: bool
+
+    def chunk(
+        self,
+        delta: chunk_types.ChoiceDelta,
+        finish_reason=None,
+        index: int = 0,
+        logprobs: tuple[TokenLogprob, ...] | None = None,
+        **extra,
+    ) -> ServerSentEvent:
+        """One choice's delta; `extra` are the chunk's own extra fields (sources, rag)."""
+        choice = chunk_types.Choice(index=index, delta=delta, finish_reason=finish_reason)
+        if self.with_logprobs and logprobs is not None:
+            choice.logprobs = chunk_types.ChoiceLogprobs(content=logprobs_of(logprobs))
+        return self._event(choices=[choice], **extra)
+
+    def finish(
+        self, result: RagResult, include_usage: bool, ignored_system: int
+    ) -> Iterator[ServerSentEvent]:
+        """The chunks after the last token: the other choices, each whole (they were drawn
+        beside the first), the first's finish with the RAG figures, and the usage if asked."""
+        for choice in result.extra_choices:
+            delta = chunk_types.ChoiceDelta(role="assistant", content=choice.text)
+            reason = _finish_reason(choice.finish_reason)
+            yield self.chunk(delta, reason, choice.index, choice.logprobs)
+        yield self.chunk(
+            chunk_types.ChoiceDelta(),
+            _finish_reason(result.finish_reason),
+            rag=_rag_extras(result, ignored_system),
+        )
+        if include_usage:
+            yield self._event(choices=[], usage=usage_of(result))
+
+    def _event(self, **fields) -> ServerSentEvent:
+        body = ChatCompletionChunk(
+            id=self.chunk_id,
+            object="chat.completion.chunk",
+            created=self.created,
+            model=self.model,
+            **fields,
+        )
+        return sse_event(body.model_dump_json(exclude_unset=True))
 
 
 def _finish_reason(reason: str | None):
