@@ -260,7 +260,6 @@ def _rag_extras(result: RagResult, ignored_system: int) -> dict:
         "degraded": shown.degraded,
         "context_tokens_before": shown.usage.context_tokens_before,
         "context_tokens_after": shown.usage.context_tokens_after,
-        "reused_passages": shown.usage.reused_passages,
         "cached_prompt_tokens_by_segment": (
             segments.model_dump()
             if (segments := shown.usage.cached_prompt_tokens_by_segment) is not None

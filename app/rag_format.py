@@ -98,8 +98,6 @@ def response_model(result: RagResult) -> RagQueryResponse:
             context_tokens_before=prepared.context_tokens_before,
             context_tokens_after=prepared.context_tokens_after,
             completion_tokens=result.usage.completion_tokens,
-            reused_passages=prepared.reused_passages,
-            reused_passage_tokens=prepared.reused_passage_tokens,
             continued_turns=prepared.continued_turns,
             cached_prompt_tokens_by_segment=(
                 None if (split := result.cached_by_segment) is None else CachedSegments(**split)

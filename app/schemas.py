@@ -42,10 +42,9 @@ class CompressionOptions(_Strict):
     )
     reuse: bool | None = Field(
         None,
-        description="Lay the prompt out for the prefix cache: a follow-up continues the "
-        "prompts its conversation sent before, and, where compression.reuse.path_passages "
-        "allows, passages the generator likely still holds from earlier requests go first "
-        "and whole, only the rest compressed. Unset: compression.reuse.enabled (on).",
+        description="Lay a follow-up's prompt out for the prefix cache: it continues the "
+        "prompts its conversation sent before, so their KV blocks are reused. Unset: "
+        "compression.reuse.enabled (on).",
     )
 
     @model_validator(mode="after")
@@ -142,12 +141,6 @@ class RagUsage(BaseModel):
     context_tokens_before: int
     context_tokens_after: int
     completion_tokens: int
-    reused_passages: int = Field(
-        0,
-        description="With compression.reuse: passages laid out first and whole because the "
-        "generator likely still held them (a prediction; cached_prompt_tokens is the fact).",
-    )
-    reused_passage_tokens: int = Field(0, description="Those passages' tokens.")
     continued_turns: int = Field(
         0,
         description="With compression.reuse: earlier questions sent as the generator saw them "

@@ -14,9 +14,8 @@ reader the stored figures were read by (bench.suite.MEASURED_WITH, SmolLM2 in fp
 - naive: prefix caching off, no compression;
 - today: the service's pipeline (sentence selection, the `auto` policy) with
   `compression.reuse` off (the service's default until 2026-12-06);
-- reuse: the same, with `compression.reuse` on (prepare.reuse), a question without history
-  opening with a one-passage path (`path_passages: 1`), a continued follow-up leaving out
-  every sentence an earlier turn showed (`skip_shown_turns: null`);
+- reuse: the same, with `compression.reuse` on, a continued follow-up leaving out every
+  sentence an earlier turn showed (`skip_shown_turns: null`);
 - reuse-repeat: reuse whose continued follow-ups send this turn's passages as compressed,
   even the sentences earlier turns showed (`compression.reuse.skip_shown_turns: 0`);
 - reuse-last1: reuse whose continued follow-ups leave out only what the turn before showed
@@ -25,10 +24,13 @@ reader the stored figures were read by (bench.suite.MEASURED_WITH, SmolLM2 in fp
 - reuse-top1: reuse-last1 whose continued follow-ups send their top passage as compressed
   even where the turn before showed it (`compression.reuse.resend_top_passages: 1`; the
   service's default for follow-ups since);
-- reuse-conv: `compression.reuse` as the service ships it: no passage path, so a question
-  without history goes as today's (`path_passages: 0`), follow-ups as reuse-top1's;
+- reuse-conv: `compression.reuse` as the service ships it: a question without history goes
+  as today's, follow-ups as reuse-top1's;
 - reuse-2c, reuse-2c-conv: reuse over two compressor replicas, under Serve's default router
   and under the conversation router (`compression.request_router`).
+Runs before 2026-12-07 (v1-v24) also opened a question without history with a one-passage
+path (`compression.reuse.path_passages: 1`), since retired (docs/retired.md); the settings
+named here now run without it.
 `today` and `reuse` run twice, in the order today, reuse, reuse, today, so drift over the
 run falls on both; naive once, last. Every request's record is stored; the report pairs
 requests across settings (same questions in the same order) and gives the median
@@ -124,18 +126,14 @@ class Setting:
     reuse: bool | None
 
 
-# The layouts as every stored run of them was served: before 2026-12-06's default of
-# resend_top_passages 1, a follow-up's top passage was left out like any other shown one;
-# and until reuse-conv's run, a question without history opened with a one-passage path.
+# The layouts as the stored runs of them were served: before 2026-12-06's default of
+# resend_top_passages 1, a follow-up's top passage was left out like any other shown one.
 NO_RESEND: dict[str, object] = {"compression.reuse.resend_top_passages": 0}
-PASSAGE_PATH: dict[str, object] = {"compression.reuse.path_passages": 1}
 LEAVE_OUT_ALL_SHOWN: dict[str, object] = {
-    **PASSAGE_PATH,
     "compression.reuse.skip_shown_turns": None,
     **NO_RESEND,
 }
 LAST_TURN_SHOWN: dict[str, object] = {
-    **PASSAGE_PATH,
     "compression.reuse.skip_shown_turns": 1,
     **NO_RESEND,
 }
@@ -153,7 +151,6 @@ AFFINITY_ROUTERS: dict[str, object] = {
     "generator.request_router.kind": "passage_affinity",
     "compression.request_router.kind": "conversation_affinity",
 }
-NO_PASSAGE_PATH: dict[str, object] = {"compression.reuse.path_passages": 0}
 
 
 def queue_gaps(generator: float, compressor: float) -> dict[str, object]:
@@ -178,9 +175,7 @@ SETTINGS = {
     "reuse": Setting("reuse", LEAVE_OUT_ALL_SHOWN, None, True),
     # Conversations continued, this turn's passages sent as compressed even where earlier
     # turns showed them (compression.reuse.skip_shown_turns: 0).
-    "reuse-repeat": Setting(
-        "reuse-repeat", {**PASSAGE_PATH, "compression.reuse.skip_shown_turns": 0}, None, True
-    ),
+    "reuse-repeat": Setting("reuse-repeat", {"compression.reuse.skip_shown_turns": 0}, None, True),
     # Conversations continued, leaving out only what the previous turn showed: what older
     # turns showed goes again, beside the question (compression.reuse.skip_shown_turns: 1),
     # the top passage left out like any other (resend_top_passages: 0).
@@ -188,9 +183,9 @@ SETTINGS = {
     # reuse-last1, and the question's top passage sent beside it even where the previous
     # turn showed it (compression.reuse.resend_top_passages: 1).
     "reuse-top1": Setting("reuse-top1", {**LAST_TURN_SHOWN, **RESEND_TOP}, None, True),
-    # The shipped reuse: only conversations continued, a question without history in
-    # today's layout (compression.reuse.path_passages: 0), follow-ups as reuse-top1's.
-    "reuse-conv": Setting("reuse-conv", {"compression.reuse.path_passages": 0}, None, True),
+    # The shipped reuse: a question without history in today's layout, follow-ups as
+    # reuse-top1's.
+    "reuse-conv": Setting("reuse-conv", {}, None, True),
     # Two compressor replicas, each remembering only the turns it prepared: Serve's default
     # router against the conversation router (deployments.conversation_router). Their
     # scheduling label lowered so that both fit the 2-core default beside the generator.
@@ -205,68 +200,31 @@ SETTINGS = {
     # the partial block at its end (on average half a block).
     "today-b128": Setting("today-b128", {"generator.engine_kwargs.block_size": 128}, None, False),
     "today-b32": Setting("today-b32", {"generator.engine_kwargs.block_size": 32}, None, False),
-    # Two generator replicas (--config serve_config.scale.yaml): Serve's default router
-    # against generation.routing's, both with the reuse layout, whose first passage is the
-    # one a later question finds cached.
-    "reuse-p2c": Setting(
-        "reuse-p2c", {**PASSAGE_PATH, "generator.request_router.kind": "power_of_two"}, None, True
-    ),
-    "reuse-passage": Setting(
-        "reuse-passage",
-        {**PASSAGE_PATH, "generator.request_router.kind": "passage_affinity"},
-        None,
-        True,
-    ),
-    # Conversations over the scale profile (--config serve_config.scale.yaml: 2 generator
-    # replicas, 2-3 compressor replicas), the continued layout as shipped: Serve's default
-    # router at both stages, against the generator's passage router and the compressor's
-    # conversation router; and one generator replica (on both cores), whose cache hit rate
-    # is what two replicas should keep.
-    "reuse-2g": Setting("reuse-2g", {**PASSAGE_PATH, **DEFAULT_ROUTERS}, None, True),
-    "reuse-2g-affinity": Setting(
-        "reuse-2g-affinity", {**PASSAGE_PATH, **AFFINITY_ROUTERS}, None, True
-    ),
-    "reuse-1g": Setting(
-        "reuse-1g", {**PASSAGE_PATH, **AFFINITY_ROUTERS, **ONE_GENERATOR}, None, True
-    ),
-    # The affinity routers held to a queue gap of 3 at both stages (2 by default): at four
-    # requests at a time, load overrides affinity only when one replica holds them all.
-    "reuse-2g-gap3": Setting(
-        "reuse-2g-gap3", {**PASSAGE_PATH, **AFFINITY_ROUTERS, **queue_gaps(3, 3)}, None, True
-    ),
-    # The shipped layout (path_passages 0) over the scale profile, affinity routers at both
+    # The shipped layout over the scale profile, affinity routers at both
     # stages, the generator's queue gap at 2: the compressor's gap at 2 (its default, as the
     # generator's) against 4, and one generator replica (the hit rate two should keep); and
     # Serve's default router at both stages. A follow-up that load moves to another
     # compressor replica loses its whole continuation; one moved to the other generator
     # loses only its cached blocks.
-    "reuse-conv-2g": Setting(
-        "reuse-conv-2g", {**NO_PASSAGE_PATH, **AFFINITY_ROUTERS, **queue_gaps(2, 2)}, None, True
-    ),
+    "reuse-conv-2g": Setting("reuse-conv-2g", {**AFFINITY_ROUTERS, **queue_gaps(2, 2)}, None, True),
     "reuse-conv-2g-cgap4": Setting(
         "reuse-conv-2g-cgap4",
-        {**NO_PASSAGE_PATH, **AFFINITY_ROUTERS, **queue_gaps(2, 4)},
+        {**AFFINITY_ROUTERS, **queue_gaps(2, 4)},
         None,
         True,
     ),
     "reuse-conv-1g": Setting(
         "reuse-conv-1g",
-        {**NO_PASSAGE_PATH, **AFFINITY_ROUTERS, **queue_gaps(2, 4), **ONE_GENERATOR},
+        {**AFFINITY_ROUTERS, **queue_gaps(2, 4), **ONE_GENERATOR},
         None,
         True,
     ),
-    "reuse-conv-2g-p2c": Setting(
-        "reuse-conv-2g-p2c", {**NO_PASSAGE_PATH, **DEFAULT_ROUTERS}, None, True
-    ),
+    "reuse-conv-2g-p2c": Setting("reuse-conv-2g-p2c", {**DEFAULT_ROUTERS}, None, True),
     # The scale profile's own generator router, Ray Serve LLM's prefix-cache-affine one
     # (a continued follow-up's prompt text opens with the previous prompt's).
     "reuse-2g-prefix": Setting(
         "reuse-2g-prefix",
-        {
-            **PASSAGE_PATH,
-            **AFFINITY_ROUTERS,
-            "generator.request_router.kind": "prefix_cache_affinity",
-        },
+        {**AFFINITY_ROUTERS, "generator.request_router.kind": "prefix_cache_affinity"},
         None,
         True,
     ),
@@ -285,14 +243,8 @@ COMPARISONS = (
     ("reuse", "naive"),
     ("today", "naive"),
     ("today-b32", "today-b128"),
-    ("reuse-passage", "reuse-p2c"),
     ("reuse-2c-conv", "reuse-2c"),
-    ("reuse-2g-affinity", "reuse-2g"),
-    ("reuse-2g-affinity", "reuse-1g"),
-    ("reuse-2g", "reuse-1g"),
-    ("reuse-2g-gap3", "reuse-1g"),
-    ("reuse-2g-gap3", "reuse-2g-affinity"),
-    ("reuse-2g-affinity", "reuse-2g-prefix"),
+    ("reuse-conv-2g", "reuse-2g-prefix"),
     ("reuse-conv-2g-cgap4", "reuse-conv-1g"),
     ("reuse-conv-2g", "reuse-conv-1g"),
     ("reuse-conv-2g-cgap4", "reuse-conv-2g"),
@@ -907,60 +859,6 @@ def _retrieve(plan: Sequence[Phase], index_dir: Path, top_k: int) -> dict[str, l
     }
 
 
-def seeding(
-    plan: Sequence[Phase], index_dir: Path, tokenizer: Path, rate: float = 0.5, top_k: int = 5
-) -> list[list[object]]:
-    """What each `seed_after_retrievals` would do on the workload, by the service's own view
-    (prepare.reuse, a one-passage path, the service's capacity) fed the phases in order as
-    one compressor replica sees them: per segment, seeds, requests whose path the view
-    predicts cached, and the uncached passage tokens against today's (every passage
-    compressed), a compressed passage modelled as `rate` of its tokens; rows for
-    SEEDING_HEADER. A model of the layout's decisions, not a measurement of the engine."""
-    from prepare.config import PassageReuseConfig
-    from prepare.reuse import PassageCacheView
-    from prepare.tokens import ServingTokenizer
-
-    count = ServingTokenizer.load(str(tokenizer)).count
-    retrieved = _retrieve(plan, index_dir, top_k)
-    rows: list[list[object]] = []
-    for seed_after in (1, 2, 3):
-        view = PassageCacheView(
-            PassageReuseConfig().capacity_tokens, seed_after=seed_after, path_passages=1
-        )
-        totals: dict[str, list[float]] = defaultdict(lambda: [0, 0, 0, 0.0, 0.0])
-        for phase in plan:
-            for item, chunks in zip(phase.items, retrieved[phase.name], strict=True):
-                tokens = {chunk.chunk_id: count(chunk.text) for chunk in chunks}
-                layout = view.layout("system", list(tokens))
-                seeded = layout.first[layout.cached :]
-                uncached = sum(tokens[key] for key in seeded) + sum(
-                    rate * n for key, n in tokens.items() if key not in layout.first
-                )
-                segment = phase.name + ("" if phase.name.startswith("uniform") else
-                                        " warm" if item.warm else " cold")  # fmt: skip
-                total = totals[segment]
-                total[0] += 1
-                total[1] += len(seeded)
-                total[2] += layout.cached > 0
-                total[3] += uncached
-                total[4] += rate * sum(tokens.values())
-                view.record("system", [(key, tokens[key]) for key in layout.first])
-        for segment, (n, seeds, hits, uncached, today) in totals.items():
-            ratio = f"{uncached / today:.3f}"
-            rows.append([seed_after, segment, int(n), int(seeds), int(hits), ratio])
-    return rows
-
-
-SEEDING_HEADER = [
-    "seed_after_retrievals",
-    "segment",
-    "requests",
-    "seeded",
-    "path predicted cached",
-    "uncached passage tokens / today's",
-]
-
-
 def overlap(plan: Sequence[Phase], index_dir: Path, top_k: int = 5) -> list[list[object]]:
     """Per skewed phase, how much of a warm request's retrieval an earlier request of the
     phase retrieved too (the most any cache of passages could reuse, in any position), by
@@ -1057,12 +955,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="Only print how much of each warm request's retrieval earlier requests shared "
         "(in process, no service).",
     )
-    parser.add_argument(
-        "--seeding",
-        action="store_true",
-        help="Only print what each compression.reuse.seed_after_retrievals would seed and "
-        "save on the workload, by the service's view in process (no service).",
-    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     args.out.mkdir(parents=True, exist_ok=True)
@@ -1085,11 +977,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.overlap:
         index = DEFAULT_INDEX_DIR if DEFAULT_INDEX_DIR.is_absolute() else ROOT / DEFAULT_INDEX_DIR
         print(markdown_table(OVERLAP_HEADER, overlap(plan, index), numeric=(1, 2, 3)))
-        return 0
-    if args.seeding:
-        index = DEFAULT_INDEX_DIR if DEFAULT_INDEX_DIR.is_absolute() else ROOT / DEFAULT_INDEX_DIR
-        rows = seeding(plan, index, ROOT / str(MEASURED_WITH["generator.model_source"]))
-        print(markdown_table(SEEDING_HEADER, rows, numeric=(0, 2, 3, 4, 5)))
         return 0
     results: dict[str, Any] = {
         "command": "python -m bench.reuse " + " ".join(argv if argv is not None else sys.argv[1:]),

@@ -68,7 +68,6 @@ class CompressorDeployment:
             llmlingua=compression.llmlingua.to_load(),
             cost_model=compression.cost_model.to_model(),
             collection_stores=collections.store_for if collections is not None else None,
-            passage_cache=compression.reuse.to_view(),
             sent_turns=(
                 SentTurns(compression.reuse.remembered_turns)
                 if compression.reuse.remembered_turns

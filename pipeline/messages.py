@@ -107,8 +107,8 @@ class CompressionPlan:
     target_tokens: int | None = None
     # "always", or "auto": only when the cost model predicts that compressing pays.
     policy: CompressionPolicy = "always"
-    # Lay the context out for the prefix cache: passages the generator likely holds go
-    # first and whole, and only the rest is compressed (prepare.reuse).
+    # Lay a follow-up out for the prefix cache: it continues the prompts its conversation
+    # sent before (prepare.continuation).
     reuse: bool = False
 
     def target_for(self, tokens_before: int) -> int:
@@ -254,10 +254,6 @@ class PreparedPrompt:
     degraded: str | None = None
     # Earlier turns that made it into the prompt (the oldest are cut to the history budget).
     history_turns: int = 0
-    # Passages put first, whole, because the generator likely holds them (plan.reuse), and
-    # their tokens: a prediction; the engine's cached_tokens says what it really reused.
-    reused_passages: int = 0
-    reused_passage_tokens: int = 0
     # Earlier questions sent as the generator saw them, sources included (plan.reuse), so
     # the prompt continues the one before it (prepare.continuation).
     continued_turns: int = 0

@@ -19,7 +19,6 @@ from prepare.options import PREPARATION_DEFAULTS
 from prepare.options import PreparationOptions as PreparationOptions
 from prepare.preparation import LLMLinguaLoad
 from prepare.prompt import DEFAULT_SYSTEM_PROMPT, SHORT_ANSWER_SYSTEM_PROMPT
-from prepare.reuse import PassageCacheView
 from retrieval.models import resolve_model_reference
 
 
@@ -137,42 +136,15 @@ class CostModelConfig(StrictModel):
         )
 
 
-class PassageReuseConfig(StrictModel):
+class ReuseConfig(StrictModel):
     """Reuse of earlier prompts' prefill: a follow-up continues the prompts its conversation
-    sent before (prepare.continuation), and, where `path_passages` allows, each compressor
-    replica keeps a view of the passage sequences it sent and lays out the next context so
-    that passages the generator likely holds form a shared prefix (prepare.reuse)."""
+    sent before (prepare.continuation), so their KV blocks come from the prefix cache."""
 
     enabled: bool = Field(
         True,
         description="Default for requests that do not say (compression.reuse in the "
-        "request). On (the default): follow-ups continue the prompts before them, and "
-        "single questions go as without reuse (path_passages 0); figures in "
-        "docs/benchmarks.md, passage reuse.",
-    )
-    capacity_tokens: int = Field(
-        16384,
-        ge=128,
-        description="Passage tokens the view assumes the generator's KV cache keeps before "
-        "it evicts the least recently used: about the engine's KV cache size in tokens "
-        "(VLLM_CPU_KVCACHE_SPACE / bytes per token) less what running requests need. Too "
-        "high or too low only costs speed.",
-    )
-    path_passages: int | None = Field(
-        0,
-        ge=0,
-        description="Passages the layout keeps whole in the shared prefix after the system "
-        "prompt (None: no limit). 0 (the default): none, so a question without history "
-        "goes in the plain layout and only follow-ups continue the prompts before them "
-        "(what a path costs and buys: docs/benchmarks.md).",
-    )
-    seed_after_retrievals: int = Field(
-        2,
-        ge=1,
-        description="Earlier retrievals a passage needs before it is sent whole to seed the "
-        "cache: a seed costs its compressed form's saving now and pays only when later "
-        "requests retrieve it again, which a passage retrieved once before seldom was "
-        "(`python -m bench.reuse --seeding`).",
+        "request): follow-ups continue the prompts before them; single questions go as "
+        "without reuse (figures: docs/benchmarks.md, conversations).",
     )
     skip_shown_turns: int | None = Field(
         PREPARATION_DEFAULTS.skip_shown_turns,
@@ -200,17 +172,6 @@ class PassageReuseConfig(StrictModel):
         "prepared on another replica, or after its turn was forgotten, goes in the plain "
         "layout.",
     )
-
-    def to_view(self) -> PassageCacheView | None:
-        """The compressor replica's view of the passages it sent; None where no passage is
-        laid out for reuse (path_passages 0)."""
-        if self.path_passages == 0:
-            return None
-        return PassageCacheView(
-            self.capacity_tokens,
-            path_passages=self.path_passages,
-            seed_after=self.seed_after_retrievals,
-        )
 
 
 class CompressionConfig(StrictModel):
@@ -243,9 +204,7 @@ class CompressionConfig(StrictModel):
         description="What sentence selection keeps before LLMLingua runs.",
     )
     llmlingua: LLMLinguaConfig = LLMLinguaConfig()
-    reuse: PassageReuseConfig = Field(
-        PassageReuseConfig(), description="Reuse of retrieved passages' prefill."
-    )
+    reuse: ReuseConfig = Field(ReuseConfig(), description="Reuse of earlier prompts' prefill.")
     deployment: CompressorReplicaConfig = CompressorReplicaConfig()
     request_router: CompressorRouterConfig = CompressorRouterConfig()
 

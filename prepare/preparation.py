@@ -8,7 +8,6 @@ budget), and tests and benchmarks construct it directly.
 from __future__ import annotations
 
 import itertools
-import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -52,7 +51,6 @@ from prepare.prompt import (
     neutralize,
     render_context,
 )
-from prepare.reuse import PassageCacheView, passage_key
 from prepare.sentence_store import SentenceStore
 from prepare.tokens import RememberedCounts, ServingTokenizer
 
@@ -106,12 +104,11 @@ class PromptPreparer:
         cost_model: CompressionCostModel | None = None,
         sentence_store: SentenceStore | None = None,
         collection_stores: CollectionStores | None = None,
-        passage_cache: PassageCacheView | None = None,
         sent_turns: SentTurns | None = None,
     ) -> None:
         """`options` are the tunables; the rest are the parts it works with, each optional:
         LLMLingua's scorer, the `auto` policy's cost model, the index's sentence store and
-        other collections', the passage view and the remembered turns (compression.reuse)."""
+        other collections', and the remembered turns (compression.reuse)."""
         self._tokenizer = tokenizer
         # Prompts' counts from their messages' (a continued history's sent questions are
         # tokenized once, not once per count per turn), where the template allows it.
@@ -123,7 +120,6 @@ class PromptPreparer:
             if options.remembered_counts
             else tokenizer.count
         )
-        self._passage_cache = passage_cache
         self._sent_turns = sent_turns
         # A continued follow-up's passages leave out the sentences the last
         # `skip_shown_turns` continued turns showed (None: any of them; 0: none; 1, as
@@ -131,8 +127,6 @@ class PromptPreparer:
         self._skip_shown_turns = options.skip_shown_turns
         # Its top `resend_top_passages` passages go whatever was shown.
         self._resend_top_passages = options.resend_top_passages
-        # prepare() runs on several threads at once (asyncio.to_thread); the view is shared.
-        self._passage_cache_lock = threading.Lock()
         self._system_prompts = dict(system_prompts)
         self._max_model_len = max_model_len
         self._margin_tokens = options.margin_tokens
@@ -172,7 +166,6 @@ class PromptPreparer:
         llmlingua: LLMLinguaLoad | None = None,
         cost_model: CompressionCostModel | None = None,
         collection_stores: CollectionStores | None = None,
-        passage_cache: PassageCacheView | None = None,
         sent_turns: SentTurns | None = None,
     ) -> PromptPreparer:
         """Load what preparation needs: the serving tokenizer, the index's sentence store
@@ -196,7 +189,6 @@ class PromptPreparer:
             cost_model=cost_model,
             sentence_store=SentenceStore.load(index_path) if index_path is not None else None,
             collection_stores=collection_stores,
-            passage_cache=passage_cache,
             sent_turns=sent_turns,
         )
 
@@ -361,33 +353,20 @@ class PromptPreparer:
                 f"max_tokens={max_output_tokens} exceed the model's {self._max_model_len}-token "
                 "context"
             )
-        # Passages the generator likely holds (and ones worth seeding it with) go first and
-        # whole; compression sees only the rest. With history ahead of the sources, no
-        # passage can be a shared prefix, so conversations are laid out as before.
-        whole: list[ContextChunk] = []
-        reuse_root, predicted_cached = None, 0
-        if plan.reuse and self._passage_cache is not None and not history:
-            reuse_root = passage_key(system_prompt)
-            whole, chunks, predicted_cached = self._reuse_layout(reuse_root, chunks)
-        whole_tokens = count_context_tokens(whole, count)
-
         decision = None
         if plan.policy == "auto" and plan.method != NO_COMPRESSION:
             decision = self._decide(
                 plan,
-                tokens_before - whole_tokens,
+                tokens_before,
                 len(chunks),
-                budget - whole_tokens,
+                budget,
                 fixed_tokens - self.system_prompt_tokens[conversation.answer_style],
             )
             if not decision.compress:
                 plan = replace(plan, method=NO_COMPRESSION)
-        if reuse_root is not None and plan.method == NO_COMPRESSION:
-            # Sent whole, the rest can be reused too: in one order every replica agrees on.
-            chunks = sorted(chunks, key=_passage_key)
 
         compress_started = time.perf_counter()
-        compressed = whole + compress_chunks(
+        compressed = compress_chunks(
             plan,
             question,
             retrieval.question_embedding,
@@ -401,18 +380,10 @@ class PromptPreparer:
             shown += all_shown
         compress_ms = (time.perf_counter() - compress_started) * 1000
         kept, truncated = fit_to_budget(compressed, count, budget)
-        # Each kept passage's text tokens, and as rendered in its source tags: counted once
-        # for the usage figures, the layout and the reuse view alike.
-        text_tokens = [count(chunk.text) for chunk in kept]
+        # Each kept passage's tokens as rendered in its source tags (for the layout).
         source_tokens = [
-            tokens + count(render_context([replace(chunk, text="")]))
-            for chunk, tokens in zip(kept, text_tokens, strict=True)
+            count(chunk.text) + count(render_context([replace(chunk, text="")])) for chunk in kept
         ]
-        reused = 0
-        if reuse_root is not None:
-            self._record_sent(reuse_root, kept, source_tokens)
-            pairs = zip(kept, whole[:predicted_cached], strict=False)
-            reused = sum(1 for _ in itertools.takewhile(lambda pair: pair[0] == pair[1], pairs))
         messages = build_messages(system_prompt, kept, question, history, bool(shown))
         if remembers and self._sent_turns is not None:
             sent = {chunk.chunk_id: frozenset(chunk.sentences) for chunk in kept if chunk.sentences}
@@ -437,8 +408,6 @@ class PromptPreparer:
             decision=decision,
             degraded=degraded,
             history_turns=len(history),
-            reused_passages=reused,
-            reused_passage_tokens=sum(text_tokens[:reused]),
             continued_turns=len(continued),
             opening_passage=opening_passage(history, continued, kept),
         )
@@ -465,31 +434,6 @@ class PromptPreparer:
             joins = (len(source_tokens) - 1) * self._source_join_tokens
             passages = self._sources_opening_tokens + sum(source_tokens) + joins
         return PromptLayout(system, with_history - system, passages)
-
-    def _reuse_layout(
-        self, root: str, chunks: Sequence[ContextChunk]
-    ) -> tuple[list[ContextChunk], list[ContextChunk], int]:
-        """(passages to send first and whole, the rest in score order, how many of the
-        first are predicted cached): the cached path, then a seed to extend it, if one
-        qualifies (prepare.reuse)."""
-        assert self._passage_cache is not None
-        keys = [_passage_key(chunk) for chunk in chunks]
-        by_key = dict(zip(keys, chunks, strict=True))
-        with self._passage_cache_lock:
-            layout = self._passage_cache.layout(root, keys)
-        taken = set(layout.first)
-        rest = [chunk for key, chunk in by_key.items() if key not in taken]
-        return [by_key[key] for key in layout.first], rest, layout.cached
-
-    def _record_sent(
-        self, root: str, kept: Sequence[ContextChunk], source_tokens: Sequence[int]
-    ) -> None:
-        """Note the passages the prompt opens with, as sent (with their rendered tokens)."""
-        assert self._passage_cache is not None
-        keys = [_passage_key(chunk) for chunk in kept]
-        sent = list(zip(keys, source_tokens, strict=True))
-        with self._passage_cache_lock:
-            self._passage_cache.record(root, sent)
 
     def _context_chunks(self, retrieval: Retrieval) -> tuple[list[ContextChunk], str | None]:
         """The retrieved chunks, sanitised, with sentence embeddings where the store has them;
@@ -551,11 +495,6 @@ class PromptPreparer:
             text=neutralize(chunk.text, self._reserved),
             sentences=tuple(neutralize(s, self._reserved) for s in chunk.sentences),
         )
-
-
-def _passage_key(chunk: ContextChunk) -> str:
-    """The view's key of a passage: its source block exactly as the prompt renders it."""
-    return passage_key(render_context([chunk]))
 
 
 def _user_opening_tokens(tokenizer: ServingTokenizer) -> int:

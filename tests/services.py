@@ -147,10 +147,8 @@ def two_replicas_each(application: dict[str, Any]) -> None:
     """Two retrievers and two compressors (behind the shipped conversation router), with
     CPU reservations that fit two cores; a short parse limit, so the test of a crafted PDF
     waits seconds, not the shipped 30; an upload budget of one largest upload per key; and
-    vLLM's request log on; and a one-passage reuse path (shipped: none), which
-    test_passage_reuse checks on the real engine."""
+    vLLM's request log on."""
     args = application["args"]
-    args["compression"].setdefault("reuse", {})["path_passages"] = 1
     args["retriever"]["deployment"].update(num_replicas=2, num_cpus=0.1)
     args["compression"]["deployment"].update(num_replicas=2, num_cpus=0.2)
     args["collections"]["parse_timeout_s"] = PARSE_TIMEOUT_S

@@ -242,9 +242,7 @@ def _ingest(client: httpx.Client, round_: int) -> None:
             "question": "When does the night ferry leave?",
             "collection": COLLECTION,
             "max_tokens": 4,
-            # Sources in score order: the shared service's passage path would send whole
-            # passages in key order (tests/services.py).
-            "compression": {"method": "none", "reuse": False},
+            "compression": {"method": "none"},
         },
     )
     assert answer.status_code == 200, answer.text

@@ -136,8 +136,6 @@ def test_query_returns_answer_sources_usage_and_timings(client, stages):
         "context_tokens_before": 40,
         "context_tokens_after": 22,
         "completion_tokens": 3,
-        "reused_passages": 0,
-        "reused_passage_tokens": 0,
         "continued_turns": 0,
         # The fake layout: a 250-token system prompt, then 60 tokens of passages.
         "cached_prompt_tokens_by_segment": {

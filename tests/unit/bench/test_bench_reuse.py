@@ -99,11 +99,6 @@ def test_each_setting_asks_what_it_stands_for():
         setting = SETTINGS[f"today-b{blocks}"]
         assert setting.overrides == {"generator.engine_kwargs.block_size": blocks}
         assert (setting.method, setting.reuse) == (None, False)
-    # Every stored reuse run opened a question without history with a one-passage path.
-    path = {"compression.reuse.path_passages": 1}
-    for name, kind in (("reuse-p2c", "power_of_two"), ("reuse-passage", "passage_affinity")):
-        assert SETTINGS[name].overrides == {**path, "generator.request_router.kind": kind}
-        assert (SETTINGS[name].method, SETTINGS[name].reuse) == (None, True)
     two, routed = SETTINGS["reuse-2c"], SETTINGS["reuse-2c-conv"]
     assert two.overrides["compression.deployment.num_replicas"] == 2
     assert routed.overrides == {
@@ -115,37 +110,24 @@ def test_each_setting_asks_what_it_stands_for():
     # (and the top passage, since the default sends it again, left out like any other).
     no_resend = {"compression.reuse.resend_top_passages": 0}
     assert SETTINGS["reuse"].overrides == {
-        **path,
         "compression.reuse.skip_shown_turns": None,
         **no_resend,
     }
-    assert SETTINGS["reuse-repeat"].overrides == {**path, "compression.reuse.skip_shown_turns": 0}
+    assert SETTINGS["reuse-repeat"].overrides == {"compression.reuse.skip_shown_turns": 0}
     last1 = SETTINGS["reuse-last1"].overrides
-    assert last1 == {**path, "compression.reuse.skip_shown_turns": 1, **no_resend}
+    assert last1 == {"compression.reuse.skip_shown_turns": 1, **no_resend}
     assert SETTINGS["reuse-top1"].overrides == {
         **last1,
         "compression.reuse.resend_top_passages": 1,
     }
     conv = SETTINGS["reuse-conv"]
-    assert conv.overrides == {"compression.reuse.path_passages": 0} and conv.reuse
-    for name, setting in SETTINGS.items():  # the multi-replica ones too
-        if setting.reuse and not name.startswith("reuse-conv"):
-            assert setting.overrides["compression.reuse.path_passages"] == 1, name
+    assert conv.overrides == {} and conv.reuse  # the service as shipped
 
 
 @pytest.mark.parametrize("name", sorted(SETTINGS))
 @pytest.mark.parametrize("base", ["serve_config.yaml", "serve_config.scale.yaml"])
 def test_every_setting_is_a_valid_serve_config(name, base, tmp_path):
     write_variant(ROOT / base, dict(SETTINGS[name].overrides), tmp_path / "v.yaml")
-
-
-def test_the_queue_gap_setting_holds_both_affinity_routers_to_3():
-    gap3 = SETTINGS["reuse-2g-gap3"].overrides
-    assert gap3 == {
-        **SETTINGS["reuse-2g-affinity"].overrides,
-        "generator.request_router.imbalanced_threshold": 3,
-        "compression.request_router.imbalanced_threshold": 3,
-    }
 
 
 def test_the_ratio_is_the_median_per_request_ratio_and_skips_missing_pairs():
@@ -255,9 +237,9 @@ def test_the_report_shows_each_replicas_share_where_there_were_two():
             "generator_calls": {"skewed-c4": calls},
         }
         for setting, calls in (
-            ("reuse-p2c", {"a": 1, "b": 3}),
-            ("reuse-passage", {"a": 2, "b": 2}),
-            ("reuse-passage", {"a": 1, "b": 1}),
+            ("reuse-conv-2g-p2c", {"a": 1, "b": 3}),
+            ("reuse-conv-2g", {"a": 2, "b": 2}),
+            ("reuse-conv-2g", {"a": 1, "b": 1}),
             ("today", {"a": 4}),
         )
     ]
@@ -265,10 +247,10 @@ def test_the_report_shows_each_replicas_share_where_there_were_two():
 
     text = report(results).split("Generator calls per replica")[1]
 
-    assert "| 0-reuse-p2c | skewed-c4 | 4 | 3 / 1 | 0.75 |" in text
-    assert "| 1-reuse-passage | skewed-c4 | 4 | 2 / 2 | 0.50 |" in text
+    assert "| 0-reuse-conv-2g-p2c | skewed-c4 | 4 | 3 / 1 | 0.75 |" in text
+    assert "| 1-reuse-conv-2g | skewed-c4 | 4 | 2 / 2 | 0.50 |" in text
     # Fewer calls counted than requests sent: the share is of what was counted, and says so.
-    assert "| 2-reuse-passage | skewed-c4 | 2 | 1 / 1 | 0.50 (of 4 sent) |" in text
+    assert "| 2-reuse-conv-2g | skewed-c4 | 2 | 1 / 1 | 0.50 (of 4 sent) |" in text
     assert "3-today" not in text
 
 
@@ -518,7 +500,6 @@ def test_the_shipped_layouts_router_settings_pin_both_queue_gaps():
         ("reuse-conv-1g", 4),
     ]:
         overrides = SETTINGS[name].overrides
-        assert overrides["compression.reuse.path_passages"] == 0, name
         assert overrides["generator.request_router.kind"] == "passage_affinity", name
         assert overrides["compression.request_router.kind"] == "conversation_affinity", name
         assert overrides["generator.request_router.imbalanced_threshold"] == 2, name
@@ -526,7 +507,6 @@ def test_the_shipped_layouts_router_settings_pin_both_queue_gaps():
     assert SETTINGS["reuse-conv-1g"].overrides["generator.deployment.num_replicas"] == 1
     assert "generator.deployment.num_replicas" not in SETTINGS["reuse-conv-2g"].overrides
     assert SETTINGS["reuse-conv-2g-p2c"].overrides == {
-        "compression.reuse.path_passages": 0,
         "generator.request_router.kind": "power_of_two",
         "compression.request_router.kind": "power_of_two",
     }

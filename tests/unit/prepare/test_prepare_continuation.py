@@ -10,11 +10,9 @@ import pytest
 from test_prepare_preparation import PLAIN_SPECS, PROMPTS, WordTokenizer, corpus, retrieval
 
 from pipeline.messages import CompressionPlan, Conversation, Turn
-from prepare.config import PassageReuseConfig
 from prepare.continuation import SentTurn, SentTurns, turn_key, turn_scope
 from prepare.options import PreparationOptions
 from prepare.preparation import PromptPreparer
-from prepare.reuse import PassageCacheView
 
 NONE = CompressionPlan("none", reuse=True)
 SENTENCES = CompressionPlan("sentences", rate=0.5, reuse=True)
@@ -76,7 +74,6 @@ def preparer(
         PROMPTS,
         max_model_len=max_model_len,
         sentence_store=store,
-        passage_cache=PassageCacheView(10_000, seed_after=1),
         sent_turns=sent_turns,
         options=PreparationOptions(
             skip_shown_turns=skip_shown_turns, resend_top_passages=resend_top_passages
@@ -274,41 +271,23 @@ def test_skip_shown_turns_leaves_out_only_what_the_last_turns_showed(chunks, ski
     assert {s.chunk_id for s in third.sources} == {"doc0#0", "doc1#0"}
 
 
-def test_without_a_passage_path_a_first_question_goes_plainly_and_its_follow_up_continues(
-    chunks,
-):
-    """path_passages 0: single questions as without reuse, only conversations continued."""
+def test_with_reuse_a_first_question_goes_plainly_and_its_follow_up_continues(chunks):
+    """Single questions as without reuse, however often asked; conversations continued."""
     store, _ = corpus(*PLAIN_SPECS)
-    reuse = PassageReuseConfig(path_passages=0)
-    without_path = PromptPreparer(
-        WordTokenizer(),
-        PROMPTS,
-        max_model_len=2048,
-        sentence_store=store,
-        passage_cache=reuse.to_view(),
-        sent_turns=SentTurns(16),
+    with_reuse = PromptPreparer(
+        WordTokenizer(), PROMPTS, max_model_len=2048, sentence_store=store, sent_turns=SentTurns(16)
     )
     plain = PromptPreparer(WordTokenizer(), PROMPTS, max_model_len=2048, sentence_store=store)
     first = Conversation("Which alpha?")
-    # Asked three times, the passages would have been seeded and then sent whole, first.
     for _ in range(3):
-        asked = without_path.prepare(first, retrieval(*chunks[:3]), SENTENCES, 64)
+        asked = with_reuse.prepare(first, retrieval(*chunks[:3]), SENTENCES, 64)
         alone = plain.prepare(first, retrieval(*chunks[:3]), SENTENCES, 64)
         assert asked.messages == alone.messages
-        assert asked.reused_passages == 0
-    then = without_path.prepare(
+    then = with_reuse.prepare(
         follow_up(first, "alpha0.", "And beta?"), retrieval(chunks[2], chunks[3]), SENTENCES, 64
     )
     assert then.continued_turns == 1
     assert then.messages[: len(asked.messages)] == asked.messages
-
-
-def test_by_default_only_conversations_are_continued_and_a_path_is_seeded_after_two():
-    shipped = PassageReuseConfig()
-    assert shipped.enabled and shipped.to_view() is None and shipped.remembered_turns > 0
-    view = PassageReuseConfig(path_passages=1).to_view()
-    assert view is not None
-    assert (view.path_passages, view.seed_after) == (1, 2)
 
 
 def source_ids(content: str) -> list[str]:

@@ -36,7 +36,6 @@ from prepare.prompt import (
     build_messages,
     render_context,
 )
-from prepare.reuse import PassageCacheView
 from prepare.sentence_store import SentenceStore
 from retrieval.chunking import Chunk
 from retrieval.index import FaissIndex, IndexedChunk, IndexParams, Manifest
@@ -306,102 +305,18 @@ def test_a_method_registered_by_a_test_is_applied_and_degrades_by_its_needs(plai
     assert (no_store.method, no_store.degraded) == ("none", "no_sentence_store")
 
 
-def reuse_preparer(store: SentenceStore) -> PromptPreparer:
-    return PromptPreparer(
-        WordTokenizer(),
-        PROMPTS,
-        max_model_len=2048,
-        sentence_store=store,
-        passage_cache=PassageCacheView(10_000, seed_after=1),
-    )
-
-
-def test_reuse_compresses_new_passages_then_seeds_one_at_a_time(plain_store, plain_chunks):
-    preparer = reuse_preparer(plain_store)
-    plan = CompressionPlan("sentences", rate=0.5, reuse=True)
-    whole = {f"doc{i}#0": " ".join(sentences) for i, (sentences, _) in enumerate(PLAIN_SPECS)}
-
-    def ask(order):
-        chunks = tuple(plain_chunks[i] for i in order)
-        return preparer.prepare(Conversation("Which?"), retrieval(*chunks), plan, 64)
-
-    def sent_whole(prepared) -> list[str]:
-        return [s.chunk_id for s in prepared.sources if s.text == whole[s.chunk_id]]
-
-    first = ask([0, 1, 2, 3])
-    second = ask([2, 0, 3, 1])
-    third = ask([3, 2, 1, 0])
-    # New passages are compressed; each later request sends one more passage whole, first,
-    # after those it sent whole before, which it now predicts cached.
-    assert sent_whole(first) == []
-    assert first.reused_passages == 0
-    assert len(sent_whole(second)) == 1 and second.reused_passages == 0
-    assert second.sources[0].chunk_id == sent_whole(second)[0]
-    assert len(sent_whole(third)) == 2 and third.reused_passages == 1
-    assert [s.chunk_id for s in third.sources][:1] == sent_whole(second)
-    assert third.reused_passage_tokens == 9
-
-
-def test_with_a_one_passage_path_only_the_first_passage_is_ever_sent_whole(
+def test_a_question_without_history_goes_in_score_order_with_reuse_on_or_off(
     plain_store, plain_chunks
 ):
     preparer = PromptPreparer(
-        WordTokenizer(),
-        PROMPTS,
-        max_model_len=2048,
-        sentence_store=plain_store,
-        passage_cache=PassageCacheView(10_000, seed_after=1, path_passages=1),
+        WordTokenizer(), PROMPTS, max_model_len=2048, sentence_store=plain_store
     )
-    plan = CompressionPlan("sentences", rate=0.5, reuse=True)
-    whole = {f"doc{i}#0": " ".join(sentences) for i, (sentences, _) in enumerate(PLAIN_SPECS)}
-    asked = [
-        preparer.prepare(Conversation("Which?"), retrieval(*plain_chunks[:3]), plan, 64)
-        for _ in range(4)
-    ]
-
-    sent_whole = [[s.chunk_id for s in p.sources if s.text == whole[s.chunk_id]] for p in asked]
-    # Seen, then seeded, then cached: one passage whole, first; the rest always compressed.
-    assert sent_whole[0] == []
-    assert len(sent_whole[1]) == 1
-    assert sent_whole[2] == sent_whole[3] == sent_whole[1]
-    assert [p.reused_passages for p in asked] == [0, 0, 1, 1]
-    assert all(p.sources[0].chunk_id == sent_whole[1][0] for p in asked[1:])
-
-
-def test_cached_passages_go_first_and_only_new_ones_are_compressed(plain_store, plain_chunks):
-    preparer = reuse_preparer(plain_store)
-    plan = CompressionPlan("sentences", rate=0.5, reuse=True)
-    for _ in range(3):  # seen, then seeded one a request: doc0 and doc1 are cached now
-        seeded = preparer.prepare(Conversation("Q"), retrieval(*plain_chunks[:2]), plan, 64)
-
-    mixed = preparer.prepare(
-        Conversation("Q"), retrieval(plain_chunks[2], plain_chunks[1], plain_chunks[0]), plan, 64
-    )
-
-    seeded_order = [s.chunk_id for s in seeded.sources]
-    assert sorted(seeded_order) == ["doc0#0", "doc1#0"]
-    assert [s.chunk_id for s in mixed.sources][:2] == seeded_order
-    assert mixed.reused_passages == 2
-    assert [s.text for s in mixed.sources][2] == "alpha2 beta gamma delta."  # compressed
-
-
-def test_without_reuse_or_with_history_the_layout_is_score_order(plain_store, plain_chunks):
-    preparer = reuse_preparer(plain_store)
     reorder = (plain_chunks[2], plain_chunks[0], plain_chunks[1])
-    for _ in range(2):
-        preparer.prepare(
-            Conversation("Q"), retrieval(*plain_chunks[:3]), CompressionPlan("none", reuse=True), 64
-        )
 
-    off = preparer.prepare(Conversation("Q"), retrieval(*reorder), CompressionPlan("none"), 64)
-    history = (Turn("user", "Earlier?"), Turn("assistant", "Yes."))
-    talk = preparer.prepare(
-        Conversation("Q", history), retrieval(*reorder), CompressionPlan("none", reuse=True), 64
-    )
-
-    for prepared in (off, talk):
+    for reuse in (False, True, True):
+        plan = CompressionPlan("none", reuse=reuse)
+        prepared = preparer.prepare(Conversation("Q"), retrieval(*reorder), plan, 64)
         assert [s.chunk_id for s in prepared.sources] == ["doc2#0", "doc0#0", "doc1#0"]
-        assert prepared.reused_passages == 0
 
 
 def test_context_is_cut_to_the_budget_and_the_whole_prompt_fits(plain_store, plain_chunks):

@@ -1,13 +1,10 @@
-"""Reuse of retrieved passages' prefill on the real service (prepare.reuse): a later question
-about the same passages finds them laid out as before, and vLLM serves their blocks from its
-prefix cache.
+"""Conversation reuse on the real service (prepare.continuation): a follow-up continues the
+prompts its conversation sent before, and vLLM serves their blocks from its prefix cache.
 
-A collection of its own holds three passages, so every question (top_k 3) retrieves the same
-three in a different score order. The shared service runs two compressor replicas, each with
-its own view, and a one-passage path (the shipped config lays out none): the layout must
-line up whichever replica prepares the prompt. A conversation's
-follow-ups continue its earlier prompts only on the replica that prepared them, which the
-shipped config's conversation router (compression.request_router) sends them to.
+A collection of its own holds three passages. The shared service runs two compressor
+replicas, each remembering only the turns it prepared: a follow-up is continued only on
+the replica that prepared its conversation, which the shipped config's conversation router
+(compression.request_router) sends it to.
 """
 
 from __future__ import annotations
@@ -17,19 +14,11 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
-import yaml
-
-from pipeline.config_base import PROJECT_ROOT
 
 pytestmark = pytest.mark.integration
 
-COLLECTION = "passage-reuse"
+COLLECTION = "conversation-reuse"
 JOB_TIMEOUT_S = 180
-# One KV block of the shipped config (vLLM's CPU default is 128): only full blocks are cached.
-_GENERATOR = yaml.safe_load((PROJECT_ROOT / "serve_config.yaml").read_text())["applications"][0][
-    "args"
-]["generator"]
-KV_BLOCK_TOKENS = int(_GENERATOR["engine_kwargs"].get("block_size", 128))
 DOCUMENTS = [
     {
         "id": "glass",
@@ -91,52 +80,6 @@ def ask(client: httpx.Client, question: str, **options) -> dict:
     )
     assert response.status_code == 200, response.text
     return response.json()
-
-
-def uncached(answer: dict) -> int:
-    return answer["usage"]["prompt_tokens"] - answer["usage"]["cached_prompt_tokens"]
-
-
-def passage_tokens(answer: dict) -> int:
-    return answer["usage"]["context_tokens_after"]
-
-
-def test_a_second_question_on_the_same_passages_reuses_their_cached_blocks(client):
-    reuse = {"method": "none", "reuse": True}
-    first = ask(client, "At what temperature is glass melted?", compression=reuse)
-    second = ask(client, "How many strings does a violin have?", compression=reuse)
-
-    ids = [[source["id"] for source in answer["sources"]] for answer in (first, second)]
-    # Each question ranks its own passage first, yet both prompts hold one order.
-    assert sorted(ids[0]) == ["bees#0", "glass#0", "violin#0"]
-    assert ids[0] == ids[1]
-    # Everything up to the question was prefilled before: at most the question, the chat
-    # template's tail and the last partial block are new, fewer tokens than the passages.
-    new_at_most = KV_BLOCK_TOKENS + 64
-    assert passage_tokens(second) > new_at_most
-    assert uncached(second) < new_at_most, second["usage"]
-    # `usage` says where they came from: the whole system prompt, then the passages.
-    segments = second["usage"]["cached_prompt_tokens_by_segment"]
-    assert segments["passages"] > new_at_most, segments
-    assert segments["system"] > 0 and segments["history"] == 0, segments
-    assert sum(segments.values()) == second["usage"]["cached_prompt_tokens"]
-
-
-def test_in_score_order_the_same_passages_are_prefilled_again(client):
-    # The control, in the short style so no prompt above shares its system prompt: each
-    # question puts its own passage first, so only the system prompt's blocks are shared.
-    plain = {"method": "none", "reuse": False}
-    first = ask(client, "Where is float glass poured?", answer_style="short", compression=plain)
-    second = ask(client, "What are bows strung with?", answer_style="short", compression=plain)
-
-    assert first["sources"][0]["id"] == "glass#0"
-    assert second["sources"][0]["id"] == "violin#0"
-    assert uncached(second) > passage_tokens(second)
-    # Cached: the system prompt's blocks, and at most the one block that runs past its end
-    # into the sources' opening, never a passage's text.
-    segments = second["usage"]["cached_prompt_tokens_by_segment"]
-    assert segments["system"] > 0, segments
-    assert segments["passages"] < KV_BLOCK_TOKENS, segments
 
 
 def test_every_follow_up_continues_its_conversation_on_the_replica_that_prepared_it(client):
