@@ -76,16 +76,9 @@ class VllmEngine:
         from vllm.v1.engine.exceptions import EngineDeadError
 
         prompt_ids = self.prompt_token_ids(request.messages)
-        if len(prompt_ids) + request.max_tokens > self._max_model_len:
-            yield ErrorEvent(
-                StageError(
-                    400,
-                    f"the prompt ({len(prompt_ids)} tokens) and max_tokens={request.max_tokens} "
-                    f"exceed the model's {self._max_model_len}-token context",
-                    param="max_tokens",
-                    code="context_length_exceeded",
-                )
-            )
+        too_long = self._context_exceeded(len(prompt_ids), request.max_tokens)
+        if too_long is not None:
+            yield ErrorEvent(too_long)
             return
         try:
             params = SamplingParams(
@@ -122,16 +115,32 @@ class VllmEngine:
         except (ValueError, VLLMClientError) as exc:
             yield ErrorEvent(StageError(400, str(exc), code="invalid_generation_request"))
         except EngineDeadError:
-            logger.error("the vLLM engine is dead (request %s)", request.request_id)
-            self._died()
-            yield ErrorEvent(
-                StageError(
-                    503,
-                    "the generation engine failed; its replica is being replaced",
-                    "service_unavailable",
-                    code="engine_dead",
-                )
+            yield self._engine_dead(request.request_id)
+
+    def _context_exceeded(self, prompt_tokens: int, max_tokens: int) -> StageError | None:
+        """The 400 for a prompt and max_tokens that do not fit the model's context, if so."""
+        if prompt_tokens + max_tokens <= self._max_model_len:
+            return None
+        return StageError(
+            400,
+            f"the prompt ({prompt_tokens} tokens) and max_tokens={max_tokens} "
+            f"exceed the model's {self._max_model_len}-token context",
+            param="max_tokens",
+            code="context_length_exceeded",
+        )
+
+    def _engine_dead(self, request_id: str) -> ErrorEvent:
+        """Log the dead engine, report it (`on_dead`, once), and the 503 its request ends in."""
+        logger.error("the vLLM engine is dead (request %s)", request_id)
+        self._died()
+        return ErrorEvent(
+            StageError(
+                503,
+                "the generation engine failed; its replica is being replaced",
+                "service_unavailable",
+                code="engine_dead",
             )
+        )
 
     def _logprobs(self, completion: Any, top: int) -> tuple[TokenLogprob, ...]:
         """The new tokens' log probabilities in OpenAI's terms (none unless asked for)."""
