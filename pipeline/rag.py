@@ -239,27 +239,49 @@ class RagPipeline:
 
     async def run(self, query: RagQuery) -> AsyncGenerator[PipelineEvent, None]:
         """Yield a SourcesEvent, TokenEvents, then a DoneEvent (or a FailedEvent)."""
+        opened = await self._open(query)
+        yield SourcesEvent(opened.prepared, opened.search)
+
+        answer = _AnswerSoFar(_cleaner(query, opened.prepared))
+        failed = False
+        # aclosing: a consumer that leaves early closes the stream below at once, and with it
+        # the generation call.
+        async with contextlib.aclosing(self._streamed(query, opened, answer)) as events:
+            async for event in events:
+                failed = isinstance(event, FailedEvent)
+                yield event
+        if failed:  # nothing follows a FailedEvent
+            return
+        if (finish := answer.finish) is None:  # the stream closed without a finish
+            if answer.first_token_at is None:
+                raise RequestRefused(ENDED_EARLY)
+            if rest := answer.cleaner.finish():
+                yield TokenEvent(rest)
+            yield FailedEvent(ENDED_EARLY)
+            return
+        if (last := answer.last()) is not None:
+            yield last
+        result = await self._result(query, opened, answer, finish)
+        self._observe(result)
+        yield DoneEvent(result)
+
+    async def _open(self, query: RagQuery) -> _Opened:
+        """What the answer is generated from: what to search for, what was found, and the
+        prompt prepared from it, each with its timing."""
         search, rewrite_ms = await self._retrieval_query(query)
         retrieval, retrieve_hop = await self._retrieve(query, search.text)
         prepared, prepare_hop = await self._prepare(query, retrieval)
-        yield SourcesEvent(prepared, search)
+        return _Opened(search, rewrite_ms, retrieval, retrieve_hop, prepared, prepare_hop)
 
-        pieces: list[str] = []
-        logprobs: list[TokenLogprob] = []
-        pending: list[TokenLogprob] = []  # of tokens whose text the cleaner holds back
-        first_token_at: float | None = None
-        finish: FinishEvent | None = None
-        cleaner = _cleaner(query, prepared)
-        request = GenerationRequest(
-            prepared.messages,
-            query.max_tokens,
-            query.temperature,
-            query.request_id,
-            routing_key(prepared, retrieval.collection),
-            query.sampling,
-        )
+    async def _streamed(
+        self, query: RagQuery, opened: _Opened, answer: _AnswerSoFar
+    ) -> AsyncGenerator[PipelineEvent, None]:
+        """The answer's TokenEvents as the generator streams it, recorded in `answer` with the
+        finish and, with n > 1, the other choices. A failure before the first token is
+        raised; after it, the text the cleaner holds goes out and a FailedEvent ends it."""
+        request = _generation_request(query, opened.prepared, opened.retrieval.collection)
         extras = [
-            asyncio.create_task(self._extra_choice(query, prepared, request, index))
+            asyncio.create_task(self._extra_choice(query, opened.prepared, request, index))
             for index in range(1, query.n)
         ]
         try:
@@ -272,88 +294,73 @@ class RagPipeline:
                     # the proxy, the client) are paid per batch, not per token.
                     for event in _merged(batch):
                         if isinstance(event, TokenEvent):
-                            pending += event.logprobs
-                            # What the cleaner holds back (a marker not yet complete) goes
-                            # out with later text, its tokens' logprobs with it; the first
-                            # token is the first text sent.
-                            if text := cleaner.feed(event.text):
-                                first_token_at = first_token_at or time.perf_counter()
-                                pieces.append(text)
-                                logprobs += pending
-                                yield TokenEvent(text, tuple(pending))
-                                pending.clear()
+                            if (sent := answer.feed(event)) is not None:
+                                yield sent
                         elif isinstance(event, FinishEvent):
-                            finish = event
+                            answer.finish = event
                         elif isinstance(event, ErrorEvent):
-                            if first_token_at is None:
+                            if answer.first_token_at is None:
                                 raise _refusal(event.error)
-                            if rest := cleaner.finish():  # held text goes out first
+                            if rest := answer.cleaner.finish():  # held text goes out first
                                 yield TokenEvent(rest)
                             yield FailedEvent(_public(event.error))
                             return
-            extra_choices = await _gathered(extras)
+            answer.extra_choices = await _gathered(extras)
         except StageUnavailable as exc:
-            if first_token_at is None:
+            if answer.first_token_at is None:
                 raise
-            if rest := cleaner.finish():
+            if rest := answer.cleaner.finish():
                 yield TokenEvent(rest)
             yield FailedEvent(_interrupted(exc))
-            return
         except RequestRefused as exc:
-            if first_token_at is None:
+            if answer.first_token_at is None:
                 raise
             yield FailedEvent(exc.error)
-            return
         finally:
             for task in extras:
                 task.cancel()
-        if finish is None:
-            if first_token_at is None:
-                raise RequestRefused(ENDED_EARLY)
-            if rest := cleaner.finish():
-                yield TokenEvent(rest)
-            yield FailedEvent(ENDED_EARLY)
-            return
-        if (rest := cleaner.finish()) or pending:
-            first_token_at = first_token_at or time.perf_counter()
-            pieces.append(rest)
-            logprobs += pending
-            yield TokenEvent(rest, tuple(pending))
+
+    async def _result(
+        self, query: RagQuery, opened: _Opened, answer: _AnswerSoFar, finish: FinishEvent
+    ) -> RagResult:
+        """The request's result once its answer is complete: its citations and timings."""
         generated_at = time.perf_counter()
-        answer = "".join(pieces)
+        text = "".join(answer.pieces)
         citations, attribute_hop = None, None
         if not query.sampling.output.is_json:  # a JSON answer has no sentences to cite
-            citations, attribute_hop = await self._attribute(query, answer, prepared)
+            citations, attribute_hop = await self._attribute(query, text, opened.prepared)
         finished_at = time.perf_counter()
-        result = RagResult(
+        return RagResult(
             request_id=query.request_id,
             requested_method=query.plan.method,
-            answer=answer,
-            prepared=prepared,
+            answer=text,
+            prepared=opened.prepared,
             finish_reason=finish.reason,
             usage=finish.usage,
-            retrieve=retrieve_hop,
-            prepare=prepare_hop,
-            ttft_ms=_ms(query.received_at, first_token_at or generated_at),
+            retrieve=opened.retrieve_hop,
+            prepare=opened.prepare_hop,
+            ttft_ms=_ms(query.received_at, answer.first_token_at or generated_at),
             generated_ms=_ms(query.received_at, generated_at),
             total_ms=_ms(query.received_at, finished_at),
             include_context=query.include_context,
-            retrieval_query=search,
+            retrieval_query=opened.search,
             answer_style=query.answer_style,
-            rewrite_ms=rewrite_ms,
+            rewrite_ms=opened.rewrite_ms,
             citations=citations,
             attribute=attribute_hop,
-            collection=retrieval.collection,
-            index_version=retrieval.index_version,
-            logprobs=tuple(logprobs),
-            extra_choices=extra_choices,
+            collection=opened.retrieval.collection,
+            index_version=opened.retrieval.index_version,
+            logprobs=tuple(answer.logprobs),
+            extra_choices=answer.extra_choices,
         )
+
+    def _observe(self, result: RagResult) -> None:
+        """Record `result` in the metrics, if any; a failure there is logged, not raised."""
         if self._metrics is not None:
             try:
                 self._metrics.observe(result)
             except Exception:  # a metrics failure must never cost the user the answer
-                logger.exception("recording metrics failed (request %s)", query.request_id)
-        yield DoneEvent(result)
+                logger.exception("recording metrics failed (request %s)", result.request_id)
 
     async def _extra_choice(
         self, query: RagQuery, prepared: PreparedPrompt, first: GenerationRequest, index: int
@@ -506,6 +513,72 @@ def _cleaner(query: RagQuery, prepared: PreparedPrompt) -> AnswerStreamCleaner |
     if query.sampling.output.is_json:
         return _Unchanged()
     return AnswerStreamCleaner([source.chunk_id for source in prepared.sources])
+
+
+@dataclass(frozen=True)
+class _Opened:
+    """What a request's answer is generated from (RagPipeline._open)."""
+
+    search: RetrievalQuery
+    rewrite_ms: float
+    retrieval: Retrieval
+    retrieve_hop: HopTiming
+    prepared: PreparedPrompt
+    prepare_hop: HopTiming
+
+
+@dataclass
+class _AnswerSoFar:
+    """The first answer as it streams: the text sent and its tokens' logprobs, the logprobs
+    of the tokens whose text the cleaner holds back, when the first text went out, and once
+    they come, the finish and the other choices (n > 1)."""
+
+    cleaner: AnswerStreamCleaner | _Unchanged
+    pieces: list[str] = field(default_factory=list)
+    logprobs: list[TokenLogprob] = field(default_factory=list)
+    pending: list[TokenLogprob] = field(default_factory=list)
+    first_token_at: float | None = None
+    finish: FinishEvent | None = None
+    extra_choices: tuple[AnswerChoice, ...] = ()
+
+    def feed(self, event: TokenEvent) -> TokenEvent | None:
+        """What of `event` goes out now, with the logprobs of its tokens; None while the
+        cleaner holds all of its text back."""
+        self.pending += event.logprobs
+        # What the cleaner holds back (a marker not yet complete) goes out with later text,
+        # its tokens' logprobs with it; the first token is the first text sent.
+        if not (text := self.cleaner.feed(event.text)):
+            return None
+        self.first_token_at = self.first_token_at or time.perf_counter()
+        self.pieces.append(text)
+        self.logprobs += self.pending
+        sent = TokenEvent(text, tuple(self.pending))
+        self.pending.clear()
+        return sent
+
+    def last(self) -> TokenEvent | None:
+        """After the finish: the text the cleaner still holds and the logprobs held with it;
+        None when there is neither."""
+        if not (rest := self.cleaner.finish()) and not self.pending:
+            return None
+        self.first_token_at = self.first_token_at or time.perf_counter()
+        self.pieces.append(rest)
+        self.logprobs += self.pending
+        return TokenEvent(rest, tuple(self.pending))
+
+
+def _generation_request(
+    query: RagQuery, prepared: PreparedPrompt, collection: str
+) -> GenerationRequest:
+    """The generator's request for the (first) answer to `prepared`."""
+    return GenerationRequest(
+        prepared.messages,
+        query.max_tokens,
+        query.temperature,
+        query.request_id,
+        routing_key(prepared, collection),
+        query.sampling,
+    )
 
 
 async def _gathered(extras: list[asyncio.Task[AnswerChoice]]) -> tuple[AnswerChoice, ...]:
