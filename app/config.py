@@ -10,13 +10,19 @@ file works from `serve run` and `serve deploy`.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import Field, ValidationError, model_validator
+from pydantic import AfterValidator, Field, ValidationError, model_validator
 
 from corpus.config import CollectionsConfig
 from generation.config import GeneratorConfig
-from pipeline.config_base import ReplicaConfig, StrictModel, most_replicas
+from pipeline.config_base import (
+    ServeOptions,
+    StrictModel,
+    deployment_field,
+    most_replicas,
+    over_defaults,
+)
 from pipeline.conversation import ConversationSettings
 from pipeline.messages import RetrievalQueryMode
 from prepare.config import (
@@ -29,16 +35,17 @@ from prepare.config import (
 from prepare.prompt import REWRITE_SYSTEM_PROMPT
 from retrieval.config import RetrieverConfig
 
-
-class IngressReplicaConfig(ReplicaConfig):
-    num_cpus: float = Field(0.1, ge=0, description="Logical CPUs each ingress reserves.")
-    max_ongoing_requests: int = Field(
-        256,
-        ge=1,
-        description="Requests one ingress replica holds, refused ones included: keep it well "
-        "above ingress.max_in_flight_requests, so that a request over capacity reaches the "
-        "ingress and is refused at once with the API's own error.",
-    )
+# An ingress replica holds well above what it admits (ingress.max_in_flight_requests), so
+# that a request over capacity reaches it and is refused at once with the API's own error.
+INGRESS_SERVE_OPTIONS: ServeOptions = {
+    "num_replicas": 1,
+    "ray_actor_options": {"num_cpus": 0.1},
+    "max_ongoing_requests": 256,
+    "max_queued_requests": 64,
+    "health_check_period_s": 5,
+    "health_check_timeout_s": 10,
+}
+IngressServeOptions = Annotated[ServeOptions, AfterValidator(over_defaults(INGRESS_SERVE_OPTIONS))]
 
 
 class ConversationConfig(StrictModel):
@@ -113,7 +120,7 @@ class IngressConfig(StrictModel):
     readiness_timeout_s: float = Field(
         5.0, gt=0, description="Longest wait for that answer before keeping the last one."
     )
-    deployment: IngressReplicaConfig = IngressReplicaConfig()
+    deployment: IngressServeOptions = deployment_field(INGRESS_SERVE_OPTIONS, "ingress")
 
 
 class RagAppConfig(StrictModel):
@@ -131,7 +138,7 @@ class RagAppConfig(StrictModel):
     @model_validator(mode="after")
     def _gate_below_ingress_capacity(self) -> RagAppConfig:
         limit = self.ingress.max_in_flight_requests
-        if limit is not None and limit >= self.ingress.deployment.max_ongoing_requests:
+        if limit is not None and limit >= self.ingress.deployment["max_ongoing_requests"]:
             raise ValueError(
                 "ingress.max_in_flight_requests must be below "
                 "ingress.deployment.max_ongoing_requests"
@@ -155,11 +162,11 @@ class RagAppConfig(StrictModel):
         if self.ingress.max_in_flight_requests is not None:
             return self.ingress.max_in_flight_requests
         generator = self.generator.deployment
-        queued = max(0, generator.max_queued_requests)
-        capacity = most_replicas(generator) * (generator.max_ongoing_requests + queued)
+        queued = max(0, generator["max_queued_requests"])
+        capacity = most_replicas(generator) * (generator["max_ongoing_requests"] + queued)
         ingress_replicas = most_replicas(self.ingress.deployment)
         limit = max(1, -(-capacity // ingress_replicas))
-        return max(1, min(limit, self.ingress.deployment.max_ongoing_requests - 1))
+        return max(1, min(limit, self.ingress.deployment["max_ongoing_requests"] - 1))
 
 
 class ConfigError(ValueError):

@@ -141,7 +141,7 @@ RESEND_TOP: dict[str, object] = {"compression.reuse.resend_top_passages": 1}
 TWO_COMPRESSORS: dict[str, object] = {
     **LEAVE_OUT_ALL_SHOWN,
     "compression.deployment.num_replicas": 2,
-    "compression.deployment.num_cpus": 0.2,
+    "compression.deployment.ray_actor_options.num_cpus": 0.2,
 }
 DEFAULT_ROUTERS: dict[str, object] = {
     "generator.request_router.kind": "power_of_two",

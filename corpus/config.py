@@ -3,24 +3,31 @@ ingestion jobs share the CPU with queries, and the one writer replica."""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import Field, model_validator
+from pydantic import AfterValidator, Field, model_validator
 
-from pipeline.config_base import ReplicaConfig, StrictModel
+from pipeline.config_base import ServeOptions, StrictModel, deployment_field, over_defaults
+
+WRITER_SERVE_OPTIONS: ServeOptions = {
+    "num_replicas": 1,
+    "ray_actor_options": {"num_cpus": 0.1},
+    "max_ongoing_requests": 32,  # job submissions and status reads
+    "max_queued_requests": 64,
+    "health_check_period_s": 5,
+    "health_check_timeout_s": 10,
+}
 
 
-class WriterReplicaConfig(ReplicaConfig):
-    num_cpus: float = Field(0.1, ge=0, description="Logical CPUs the writer reserves.")
-    max_ongoing_requests: int = Field(
-        32, ge=1, description="Calls (job submissions, status reads) one writer takes at once."
-    )
+def _one_writer(options: ServeOptions) -> ServeOptions:
+    if options.get("num_replicas", 1) != 1 or "autoscaling_config" in options:
+        raise ValueError("the collection writer runs exactly one replica: one writer at a time")
+    return options
 
-    @model_validator(mode="after")
-    def _one_writer(self) -> WriterReplicaConfig:
-        if self.num_replicas != 1 or self.autoscaling is not None:
-            raise ValueError("the collection writer runs exactly one replica: one writer at a time")
-        return self
+
+WriterServeOptions = Annotated[
+    ServeOptions, AfterValidator(over_defaults(WRITER_SERVE_OPTIONS)), AfterValidator(_one_writer)
+]
 
 
 class CollectionsConfig(StrictModel):
@@ -121,7 +128,7 @@ class CollectionsConfig(StrictModel):
         description="Unix nice value of the thread that runs jobs with job_scheduling "
         "'nice' (or where SCHED_IDLE is unavailable); 0: same priority as queries.",
     )
-    deployment: WriterReplicaConfig = WriterReplicaConfig()
+    deployment: WriterServeOptions = deployment_field(WRITER_SERVE_OPTIONS, "collection writer")
 
     @model_validator(mode="after")
     def _overlap_below_chunk(self) -> CollectionsConfig:

@@ -18,7 +18,7 @@ from ray.serve.deployment import Application
 from app.config import parse_config
 from app.settings import load_settings
 from generation.config import GeneratorConfig
-from pipeline.config_base import PROJECT_ROOT, ReplicaConfig
+from pipeline.config_base import PROJECT_ROOT, ServeOptions
 from pipeline.log import get_logger
 from prepare.config import CompressionConfig
 from retrieval.models import resolve_model_reference
@@ -69,27 +69,11 @@ def build_app(args: dict[str, Any] | None = None) -> Application:
     ).bind(config, retriever, compressor, generator, writer)
 
 
-def deployment_options(replica: ReplicaConfig, retry_after_s: float = 1.0) -> dict[str, Any]:
-    """Ray Serve options for one stage: replicas or autoscaling, resources, queue limits,
-    health checks; a full queue answers 503 with Retry-After."""
-    actor_options: dict[str, Any] = {"num_cpus": replica.num_cpus, "num_gpus": replica.num_gpus}
-    if replica.resources:
-        actor_options["resources"] = dict(replica.resources)
-    options: dict[str, Any] = {
-        "max_ongoing_requests": replica.max_ongoing_requests,
-        "max_queued_requests": replica.max_queued_requests,
-        "ray_actor_options": actor_options,
-        "health_check_period_s": replica.health_check_period_s,
-        "health_check_timeout_s": replica.health_check_timeout_s,
-        "backpressure_config": {"status_code": 503, "retry_after_s": retry_after_s},
-    }
-    if replica.max_replicas_per_node is not None:
-        options["max_replicas_per_node"] = replica.max_replicas_per_node
-    if replica.autoscaling is not None:
-        options["autoscaling_config"] = replica.autoscaling.model_dump()
-    else:
-        options["num_replicas"] = replica.num_replicas
-    return options
+def deployment_options(options: ServeOptions, retry_after_s: float = 1.0) -> dict[str, Any]:
+    """Ray Serve options for one stage: the config's, passed through (Serve validates them),
+    and a full queue answering 503 with Retry-After unless they say otherwise."""
+    backpressure = {"status_code": 503, "retry_after_s": retry_after_s}
+    return {"backpressure_config": backpressure, **options}
 
 
 def router_config(router_class: str, **kwargs: Any) -> dict[str, Any]:
@@ -148,13 +132,10 @@ def generator_llm_config(generator: GeneratorConfig, retry_after_s: float = 1.0)
     """The `ray.serve.llm.LLMConfig` fields for the generator, as a plain dict.
 
     GPUs are not asked through ray_actor_options: vLLM's placement group holds one GPU per
-    tensor-parallel worker (or the bundles given in config, e.g. [{CPU: 1}] on CPU).
+    tensor-parallel worker (or the bundles given in config, e.g. [{CPU: 1}] on CPU), and
+    the actor itself reserves no CPU by default.
     """
     deployment = deployment_options(generator.deployment, retry_after_s)
-    actor_options: dict[str, Any] = {"num_cpus": generator.deployment.num_cpus}
-    if generator.deployment.resources:
-        actor_options["resources"] = dict(generator.deployment.resources)
-    deployment["ray_actor_options"] = actor_options
     router = generator.request_router
     if router.kind == "prefix_cache_affinity":
         kwargs: dict[str, Any] = {"match_rate_threshold": router.match_rate_threshold}

@@ -5,20 +5,29 @@ replicas and the replicas themselves."""
 from __future__ import annotations
 
 import ipaddress
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
-from pydantic import Field, model_validator
+from pydantic import AfterValidator, Field, model_validator
 
 from generation.checkpoints import dtype_problem
-from pipeline.config_base import ReplicaConfig, StrictModel
+from pipeline.config_base import ServeOptions, StrictModel, deployment_field, over_defaults
 
-
-class GeneratorReplicaConfig(ReplicaConfig):
-    num_cpus: float = Field(
-        0, ge=0, description="CPUs of the replica actor itself; vLLM's bundles hold the rest."
-    )
-    max_ongoing_requests: int = Field(32, ge=1, description="Requests one replica works on.")
+# One replica runs max_num_seqs (16) sequences in vLLM's continuous batch; a queued request
+# waits for a running one to finish, so the queue is half a batch. The actor itself takes
+# no CPU: vLLM's placement bundles hold it. A dead engine fails LLMServer.check_health and
+# Serve replaces the replica.
+GENERATOR_SERVE_OPTIONS: ServeOptions = {
+    "num_replicas": 1,
+    "ray_actor_options": {"num_cpus": 0},
+    "max_ongoing_requests": 16,
+    "max_queued_requests": 8,
+    "health_check_period_s": 5,
+    "health_check_timeout_s": 20,
+}
+GeneratorServeOptions = Annotated[
+    ServeOptions, AfterValidator(over_defaults(GENERATOR_SERVE_OPTIONS))
+]
 
 
 class PacedEngineConfig(StrictModel):
@@ -161,11 +170,11 @@ class GeneratorConfig(StrictModel):
     default_max_tokens: int = Field(128, ge=1, description="Answer length when none is asked.")
     max_tokens_limit: int = Field(512, ge=1, description="Largest max_tokens a request may ask.")
     default_temperature: float = Field(0.0, ge=0, le=2, description="Sampling temperature.")
-    deployment: GeneratorReplicaConfig = GeneratorReplicaConfig()
+    deployment: GeneratorServeOptions = deployment_field(GENERATOR_SERVE_OPTIONS, "generator")
 
     @model_validator(mode="after")
     def _limits(self) -> GeneratorConfig:
-        if self.engine == "vllm" and self.deployment.max_replicas_per_node is not None:
+        if self.engine == "vllm" and "max_replicas_per_node" in self.deployment:
             raise ValueError(
                 "generator.deployment.max_replicas_per_node cannot be used with vLLM, whose "
                 "replicas hold placement groups (Ray Serve refuses both); spread generator "

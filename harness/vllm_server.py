@@ -178,5 +178,5 @@ def external_generator_overrides(base_url: str, read_timeout_s: float) -> dict[s
         "generator.engine": "openai",
         "generator.openai.base_url": f"{base_url}/v1",
         "generator.openai.read_timeout_s": read_timeout_s,
-        "generator.deployment.num_cpus": 0.1,
+        "generator.deployment.ray_actor_options.num_cpus": 0.1,
     }

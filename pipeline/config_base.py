@@ -1,12 +1,14 @@
-"""What every stage's config is made of: a strict model (unknown keys refused, frozen), how a
-stage is replicated and what each replica reserves from Ray, and the project root that
-relative paths in the config resolve against. Plain pydantic: no Ray here."""
+"""What every stage's config is made of: a strict model (unknown keys refused, frozen), a
+stage's Ray Serve options laid over its defaults, and the project root that relative paths
+in the config resolve against. Plain pydantic: no Ray here."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
@@ -15,73 +17,56 @@ class StrictModel(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-class AutoscalingConfig(StrictModel):
-    min_replicas: int = Field(1, ge=0, description="Fewest replicas kept running.")
-    max_replicas: int = Field(1, ge=1, description="Most replicas autoscaling may start.")
-    target_ongoing_requests: float = Field(
-        2.0, gt=0, description="Ongoing requests per replica that autoscaling aims for."
-    )
-    upscale_delay_s: float = Field(
-        30.0, ge=0, description="How long load must stay high before replicas are added."
-    )
-    downscale_delay_s: float = Field(
-        600.0, ge=0, description="How long load must stay low before replicas are removed."
-    )
-    look_back_period_s: float = Field(
-        30.0, gt=0, description="Window over which the ongoing requests are averaged."
-    )
-
-    @model_validator(mode="after")
-    def _bounds(self) -> AutoscalingConfig:
-        if self.min_replicas > self.max_replicas:
-            raise ValueError("min_replicas must not exceed max_replicas")
-        return self
+# A stage's Ray Serve deployment options, in serve.deployment's own names (num_replicas,
+# autoscaling_config, ray_actor_options, max_ongoing_requests, max_queued_requests,
+# health_check_period_s, ...): passed through to Serve, which validates them when the
+# application is built. Only the values the service itself reads are read here.
+ServeOptions = dict[str, Any]
 
 
-class ReplicaConfig(StrictModel):
-    """How one stage is replicated and what each replica reserves from Ray."""
+def over_defaults(defaults: Mapping[str, Any]) -> Callable[[ServeOptions], ServeOptions]:
+    """A validator that lays a stage's given options over its defaults: setting one option
+    keeps the others, and `ray_actor_options` is merged key by key (num_cpus given, the
+    default resources kept)."""
 
-    num_replicas: int = Field(1, ge=1, description="Fixed replica count (without autoscaling).")
-    autoscaling: AutoscalingConfig | None = Field(
-        None, description="Autoscaling bounds; when set, num_replicas is ignored."
-    )
-    num_cpus: float = Field(
-        0.25, ge=0, description="Logical CPUs each replica reserves (a scheduling label)."
-    )
-    num_gpus: float = Field(0, ge=0, description="GPUs (or fractions) each replica reserves.")
-    max_ongoing_requests: int = Field(
-        16, ge=1, description="Requests one replica works on at once."
-    )
-    max_queued_requests: int = Field(
-        64,
-        ge=-1,
-        description="Requests each caller (ingress replica) may queue for this stage before "
-        "it gets backpressure (HTTP 503 with Retry-After); -1 for no limit.",
-    )
-    max_replicas_per_node: int | None = Field(
-        None,
-        ge=1,
-        description="At most this many replicas on one node; 1 spreads the replicas over "
-        "nodes, so losing a node leaves the others serving.",
-    )
-    resources: dict[str, float] = Field(
-        default_factory=dict,
-        description="Custom Ray resources each replica needs, to pin a stage to nodes "
-        "started with them (e.g. {node_a: 0.01} with `ray start --resources`).",
-    )
-    health_check_period_s: float = Field(
-        5.0, gt=0, description="How often Serve calls the replica's check_health."
-    )
-    health_check_timeout_s: float = Field(
-        10.0, gt=0, description="A health check slower than this fails the replica."
+    def merged(given: ServeOptions) -> ServeOptions:
+        options = {**defaults, **given}
+        actor = {**defaults.get("ray_actor_options", {}), **given.get("ray_actor_options", {})}
+        if actor:
+            options["ray_actor_options"] = actor
+        if "autoscaling_config" in given:  # Serve ignores num_replicas beside autoscaling
+            options.pop("num_replicas", None)
+        return options
+
+    return merged
+
+
+def deployment_field(defaults: ServeOptions, stage: str) -> Any:
+    """A stage's `deployment` field: its Serve options, `defaults` until set."""
+    return Field(
+        defaults,
+        description=f"Ray Serve deployment options of the {stage}, in serve.deployment's "
+        "names, laid over its defaults (those of this field); Serve validates them.",
     )
 
 
-def most_replicas(replica: ReplicaConfig) -> int:
-    """The replicas a stage can run at most: its fixed count, or its autoscaling maximum."""
-    if replica.autoscaling is not None:
-        return replica.autoscaling.max_replicas
-    return replica.num_replicas
+def replica_bounds(options: Mapping[str, Any]) -> tuple[int, int]:
+    """(fewest, most) replicas a stage runs: its autoscaling bounds, or its fixed count."""
+    autoscaling = options.get("autoscaling_config")
+    if autoscaling is not None:
+        return int(autoscaling.get("min_replicas", 1)), int(autoscaling.get("max_replicas", 1))
+    replicas = int(options.get("num_replicas", 1))
+    return replicas, replicas
+
+
+def most_replicas(options: Mapping[str, Any]) -> int:
+    """The replicas a stage can run at most."""
+    return replica_bounds(options)[1]
+
+
+def actor_option(options: Mapping[str, Any], name: str) -> float:
+    """One of `ray_actor_options`' resource amounts (num_cpus, num_gpus), 0 when unset."""
+    return float(options.get("ray_actor_options", {}).get(name, 0) or 0)
 
 
 def resolve_path(path: str) -> Path:

@@ -8,7 +8,14 @@ from typing import Annotated, Literal
 
 from pydantic import AfterValidator, AliasChoices, Field, model_validator
 
-from pipeline.config_base import PROJECT_ROOT, ReplicaConfig, StrictModel, resolve_path
+from pipeline.config_base import (
+    PROJECT_ROOT,
+    ServeOptions,
+    StrictModel,
+    deployment_field,
+    over_defaults,
+    resolve_path,
+)
 from pipeline.messages import AnswerStyle, CompressionPolicy
 from prepare.cost_model import CompressionCostModel, CompressorCost, PrefillCost
 from prepare.llmlingua_compressor import LLMLinguaOptions
@@ -21,10 +28,20 @@ from prepare.preparation import LLMLinguaLoad
 from prepare.prompt import DEFAULT_SYSTEM_PROMPT, SHORT_ANSWER_SYSTEM_PROMPT
 from retrieval.models import resolve_model_reference
 
-
-class CompressorReplicaConfig(ReplicaConfig):
-    num_cpus: float = Field(0.5, ge=0, description="Logical CPUs each compressor reserves.")
-    max_ongoing_requests: int = Field(8, ge=1, description="Requests one replica works on.")
+# Sentence selection takes tens of ms, LLMLingua seconds (one scorer, one at a time): 8 in
+# the replica's threads and 32 queued; past that a request degrades to the uncompressed
+# context rather than wait.
+COMPRESSOR_SERVE_OPTIONS: ServeOptions = {
+    "num_replicas": 1,
+    "ray_actor_options": {"num_cpus": 0.5},
+    "max_ongoing_requests": 8,
+    "max_queued_requests": 32,
+    "health_check_period_s": 5,
+    "health_check_timeout_s": 10,
+}
+CompressorServeOptions = Annotated[
+    ServeOptions, AfterValidator(over_defaults(COMPRESSOR_SERVE_OPTIONS))
+]
 
 
 class CompressorRouterConfig(StrictModel):
@@ -205,7 +222,7 @@ class CompressionConfig(StrictModel):
     )
     llmlingua: LLMLinguaConfig = LLMLinguaConfig()
     reuse: ReuseConfig = Field(ReuseConfig(), description="Reuse of earlier prompts' prefill.")
-    deployment: CompressorReplicaConfig = CompressorReplicaConfig()
+    deployment: CompressorServeOptions = deployment_field(COMPRESSOR_SERVE_OPTIONS, "compressor")
     request_router: CompressorRouterConfig = CompressorRouterConfig()
 
     @model_validator(mode="after")

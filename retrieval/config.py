@@ -3,17 +3,28 @@ the ranking (dense, BM25 or hybrid) and the retriever's replicas."""
 
 from __future__ import annotations
 
-from pydantic import Field, model_validator
+from typing import Annotated
 
-from pipeline.config_base import ReplicaConfig, StrictModel
+from pydantic import AfterValidator, Field, model_validator
+
+from pipeline.config_base import ServeOptions, StrictModel, deployment_field, over_defaults
 from pipeline.messages import RetrievalMode
 from retrieval.fusion import HybridParams, check_fusion_params
 from retrieval.models import DEFAULT_EMBEDDING_MODEL
 
-
-# Each stage has its own defaults; setting one field of a stage's `deployment` keeps the rest.
-class RetrieverReplicaConfig(ReplicaConfig):
-    num_cpus: float = Field(0.2, ge=0, description="Logical CPUs each retriever reserves.")
+# A retrieval takes tens of ms: 32 at once and 64 queued per caller drain in about a
+# second; past that the caller gets 503 + Retry-After, not a longer wait.
+RETRIEVER_SERVE_OPTIONS: ServeOptions = {
+    "num_replicas": 1,
+    "ray_actor_options": {"num_cpus": 0.2},
+    "max_ongoing_requests": 32,
+    "max_queued_requests": 64,
+    "health_check_period_s": 5,
+    "health_check_timeout_s": 10,
+}
+RetrieverServeOptions = Annotated[
+    ServeOptions, AfterValidator(over_defaults(RETRIEVER_SERVE_OPTIONS))
+]
 
 
 class EmbeddingConfig(StrictModel):
@@ -96,7 +107,7 @@ class RetrieverConfig(StrictModel):
         HybridRetrievalConfig(),
         description="Dense, lexical (BM25) or hybrid ranking, and the fusion's settings.",
     )
-    deployment: RetrieverReplicaConfig = RetrieverReplicaConfig()
+    deployment: RetrieverServeOptions = deployment_field(RETRIEVER_SERVE_OPTIONS, "retriever")
 
     @model_validator(mode="after")
     def _top_k(self) -> RetrieverConfig:

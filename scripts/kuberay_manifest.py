@@ -27,7 +27,7 @@ import yaml
 
 from app.config import RagAppConfig, parse_config
 from app.proxy_guard import PROXY_CALLBACK, PROXY_CALLBACK_ENV
-from pipeline.config_base import ReplicaConfig
+from pipeline.config_base import ServeOptions, actor_option, replica_bounds
 
 ROOT = Path(__file__).resolve().parent.parent
 SERVE_CONFIG = ROOT / "serve_config.gpu.yaml"
@@ -206,21 +206,25 @@ def gpu_worker_bounds(config: RagAppConfig) -> tuple[int, int]:
             f"generator.engine_kwargs.tensor_parallel_size={parallel} needs {parallel} GPUs "
             f"in one pod; GPU pods have {GPU_WORKER.gpus} (GPU_WORKER in {__name__})"
         )
-    fractional = [r for r in _side_stages(config) if r.num_gpus > 0]
+    fractional = [r for r in _side_stages(config) if actor_option(r, "num_gpus") > 0]
     bounds = []
     for end in (0, 1):
-        generators = _replica_bounds(config.generator.deployment)[end]
-        cpus = sum(_replica_bounds(r)[end] * r.num_cpus for r in fractional)
-        gpus = sum(_replica_bounds(r)[end] * r.num_gpus for r in fractional)
+        generators = replica_bounds(config.generator.deployment)[end]
+        cpus = sum(replica_bounds(r)[end] * actor_option(r, "num_cpus") for r in fractional)
+        gpus = sum(replica_bounds(r)[end] * actor_option(r, "num_gpus") for r in fractional)
         bounds.append(generators + _pods_for(cpus, gpus, GPU_WORKER))
     return bounds[0], bounds[1]
 
 
 def cpu_worker_bounds(config: RagAppConfig) -> tuple[int, int]:
     """CPU pods for the CPU-only stages (the ingress in this profile), at least the floor."""
-    cpu_only = [r for r in _side_stages(config) if r.num_gpus == 0]
+    cpu_only = [r for r in _side_stages(config) if actor_option(r, "num_gpus") == 0]
     fewest, most = (
-        _pods_for(sum(_replica_bounds(r)[end] * r.num_cpus for r in cpu_only), 0, CPU_WORKER)
+        _pods_for(
+            sum(replica_bounds(r)[end] * actor_option(r, "num_cpus") for r in cpu_only),
+            0,
+            CPU_WORKER,
+        )
         for end in (0, 1)
     )
     fewest = max(CPU_WORKER_FLOOR, fewest)
@@ -341,7 +345,7 @@ def _check_collections_root(config: RagAppConfig) -> None:
         )
 
 
-def _side_stages(config: RagAppConfig) -> list[ReplicaConfig]:
+def _side_stages(config: RagAppConfig) -> list[ServeOptions]:
     """Every stage but the generator, whose GPUs come from vLLM's placement group."""
     stages = [
         config.retriever.deployment,
@@ -351,12 +355,6 @@ def _side_stages(config: RagAppConfig) -> list[ReplicaConfig]:
     if config.collections.enabled:
         stages.append(config.collections.deployment)
     return stages
-
-
-def _replica_bounds(replica: ReplicaConfig) -> tuple[int, int]:
-    if replica.autoscaling is not None:
-        return replica.autoscaling.min_replicas, replica.autoscaling.max_replicas
-    return replica.num_replicas, replica.num_replicas
 
 
 def _pods_for(cpus: float, gpus: float, size: PodSize) -> int:

@@ -41,6 +41,7 @@ from harness.service import (
 )
 from harness.variant import apply_overrides
 from harness.vllm_server import GeneratorCommand, external_generator_overrides, generator_command
+from pipeline.config_base import most_replicas
 
 ROOT = Path(__file__).resolve().parents[1]
 API_KEY = "shared-test-key-0123456789abcdef"
@@ -149,8 +150,9 @@ def two_replicas_each(application: dict[str, Any]) -> None:
     waits seconds, not the shipped 30; an upload budget of one largest upload per key; and
     vLLM's request log on."""
     args = application["args"]
-    args["retriever"]["deployment"].update(num_replicas=2, num_cpus=0.1)
-    args["compression"]["deployment"].update(num_replicas=2, num_cpus=0.2)
+    for stage, cpus in (("retriever", 0.1), ("compression", 0.2)):
+        options = args[stage].setdefault("deployment", {})
+        options.update(num_replicas=2, ray_actor_options={"num_cpus": cpus})
     args["collections"]["parse_timeout_s"] = PARSE_TIMEOUT_S
     # One largest upload in flight per key: the upload-budget test holds one open and sees
     # the next refused (shipped: two).
@@ -284,11 +286,11 @@ EXTERNAL = ExternalEngineLaunch()
 def wait_until_whole(service: Service, timeout_s: float = 300) -> None:
     """Until every stage runs as many replicas as its config asks and none is degraded:
     what a module that killed replicas leaves for the next one."""
-    args = service.config
+    config = parse_config(service.config)
     wanted = {
-        "retriever": args["retriever"]["deployment"]["num_replicas"],
-        "compressor": args["compression"]["deployment"]["num_replicas"],
-        "generator": args["generator"]["deployment"]["num_replicas"],
+        "retriever": most_replicas(config.retriever.deployment),
+        "compressor": most_replicas(config.compression.deployment),
+        "generator": most_replicas(config.generator.deployment),
         "writer": 1,
     }
     deadline = time.monotonic() + timeout_s

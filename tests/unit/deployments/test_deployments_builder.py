@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 import yaml
+from ray import serve
 
 from app.config import ConfigError, RagAppConfig, parse_config
 from app.settings import UnsafeSettingsError
@@ -24,8 +25,9 @@ from deployments.builder import (
     vllm_only_settings,
 )
 from generation.config import GeneratorConfig
-from pipeline.config_base import PROJECT_ROOT, ReplicaConfig
+from pipeline.config_base import PROJECT_ROOT, most_replicas, replica_bounds
 from prepare.config import CompressionConfig
+from retrieval.config import RETRIEVER_SERVE_OPTIONS, RetrieverConfig
 
 STAGES = {
     "retriever": lambda c: c.retriever.deployment,
@@ -56,67 +58,40 @@ def development(monkeypatch):
 # --- deployment_options ---------------------------------------------------------------------
 
 
-def test_fixed_replicas_give_num_replicas_queues_health_checks_and_backpressure():
-    options = deployment_options(
-        ReplicaConfig(num_replicas=2, num_cpus=0.5, max_ongoing_requests=4, max_queued_requests=8)
+def test_a_stages_options_go_to_serve_as_given_over_its_defaults():
+    retriever = RetrieverConfig(
+        deployment={"num_replicas": 2, "ray_actor_options": {"resources": {"node_a": 0.01}}}
     )
+
+    options = deployment_options(retriever.deployment, retry_after_s=7.0)
 
     assert options == {
+        **RETRIEVER_SERVE_OPTIONS,
         "num_replicas": 2,
-        "max_ongoing_requests": 4,
-        "max_queued_requests": 8,
-        "ray_actor_options": {"num_cpus": 0.5, "num_gpus": 0},
-        "health_check_period_s": 5.0,
-        "health_check_timeout_s": 10.0,
-        "backpressure_config": {"status_code": 503, "retry_after_s": 1.0},
+        # merged key by key: the default CPUs kept beside the given resources
+        "ray_actor_options": {"num_cpus": 0.2, "resources": {"node_a": 0.01}},
+        "backpressure_config": {"status_code": 503, "retry_after_s": 7.0},
     }
-
-
-def test_health_checks_retry_after_resources_and_spread_are_passed_on():
-    replica = ReplicaConfig(
-        health_check_period_s=2.0,
-        health_check_timeout_s=3.5,
-        resources={"node_a": 0.01},
-        max_replicas_per_node=1,
-    )
-
-    options = deployment_options(replica, retry_after_s=7.0)
-
-    assert options["health_check_period_s"] == 2.0
-    assert options["health_check_timeout_s"] == 3.5
-    assert options["backpressure_config"] == {"status_code": 503, "retry_after_s": 7.0}
-    assert options["ray_actor_options"]["resources"] == {"node_a": 0.01}
-    assert options["max_replicas_per_node"] == 1
-
-
-def test_no_resources_and_no_spread_are_left_out():
-    options = deployment_options(ReplicaConfig())
-
-    assert "resources" not in options["ray_actor_options"]
-    assert "max_replicas_per_node" not in options
 
 
 def test_autoscaling_replaces_num_replicas():
-    options = deployment_options(
-        ReplicaConfig(
-            num_replicas=5,
-            autoscaling={"min_replicas": 0, "max_replicas": 3, "upscale_delay_s": 5},
-        )
-    )
+    autoscaling = {"min_replicas": 0, "max_replicas": 3, "upscale_delay_s": 5}
+    retriever = RetrieverConfig(deployment={"autoscaling_config": autoscaling})
 
-    assert "num_replicas" not in options
-    assert options["autoscaling_config"] == {
-        "min_replicas": 0,
-        "max_replicas": 3,
-        "target_ongoing_requests": 2.0,
-        "upscale_delay_s": 5.0,
-        "downscale_delay_s": 600.0,  # Serve's own defaults, spelled out
-        "look_back_period_s": 30.0,
-    }
+    assert "num_replicas" not in retriever.deployment
+    assert retriever.deployment["autoscaling_config"] == autoscaling
+    assert replica_bounds(retriever.deployment) == (0, 3)
 
-    from ray.serve.config import AutoscalingConfig
 
-    AutoscalingConfig(**options["autoscaling_config"])  # Serve accepts every key
+class Stage:
+    """A deployment's class, for Serve to check options against."""
+
+
+def test_serve_refuses_an_option_it_does_not_know():
+    retriever = RetrieverConfig(deployment={"num_replica": 2})  # passed through as given
+
+    with pytest.raises(TypeError, match="num_replica"):
+        serve.deployment(Stage, **deployment_options(retriever.deployment))
 
 
 # --- the vLLM generator ---------------------------------------------------------------------
@@ -126,7 +101,7 @@ def test_generator_config_asks_no_gpus_through_actor_options():
     generator = GeneratorConfig(
         model_source="org/some-model",
         engine_kwargs={"dtype": "half"},
-        deployment={"num_gpus": 1, "num_cpus": 2, "resources": {"gpu_node": 0.01}},
+        deployment={"ray_actor_options": {"num_cpus": 2, "resources": {"gpu_node": 0.01}}},
     )
 
     llm = generator_llm_config(generator, retry_after_s=3.0)
@@ -305,7 +280,7 @@ def test_an_external_openai_server_is_a_plain_deployment_named_generator():
     generator = GeneratorConfig(
         engine="openai",
         openai={"base_url": "http://127.0.0.1:9/v1", "model": "served-name"},
-        deployment={"num_replicas": 2, "num_cpus": 0.1},
+        deployment={"num_replicas": 2, "ray_actor_options": {"num_cpus": 0.1}},
     )
 
     deployment = build_generator(generator)._bound_deployment
@@ -393,6 +368,18 @@ def test_build_app_refuses_production_without_api_keys(monkeypatch):
 # --- the shipped configs --------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("file", sorted(p.name for p in PROJECT_ROOT.glob("serve_config*.yaml")))
+def test_every_shipped_profile_builds_with_serve_checking_each_stages_options(
+    file, development, llm_config_class
+):
+    app = build_app(args_of(file))
+
+    config, *stages = app._bound_deployment.init_args
+    assert app._bound_deployment.name == "RagIngress"
+    retriever = stages[0]._bound_deployment
+    assert retriever.max_ongoing_requests == config.retriever.deployment["max_ongoing_requests"]
+
+
 @pytest.mark.parametrize("file", [CPU_FILE, GPU_FILE])
 def test_shipped_config_parses_and_points_at_the_builder(file):
     app = application(file)
@@ -409,21 +396,15 @@ def test_each_stage_gets_the_options_its_yaml_asks_for(file):
     config = parse_config(args)
 
     for stage, replica_of in STAGES.items():
-        asked = args[stage]["deployment"]
+        asked = args[stage].get("deployment", {})
         options = deployment_options(replica_of(config))
-        assert options["max_queued_requests"] == asked["max_queued_requests"], stage
-        assert options["max_ongoing_requests"] == asked["max_ongoing_requests"], stage
-        assert options["ray_actor_options"] == {
-            "num_cpus": asked["num_cpus"],
-            "num_gpus": asked.get("num_gpus", 0),
-        }, stage
-        if "autoscaling" in asked:
-            assert "num_replicas" not in options
-            for key, value in asked["autoscaling"].items():
-                assert options["autoscaling_config"][key] == value, (stage, key)
-        else:
-            assert options["num_replicas"] == asked["num_replicas"], stage
-            assert "autoscaling_config" not in options
+        for key, value in asked.items():
+            if key == "ray_actor_options":
+                assert value.items() <= options[key].items(), stage
+            else:
+                assert options[key] == value, (stage, key)
+        if "autoscaling_config" in asked:
+            assert "num_replicas" not in options, stage
 
 
 def test_cpu_config_runs_one_fixed_replica_per_stage_without_gpus():
@@ -432,7 +413,7 @@ def test_cpu_config_runs_one_fixed_replica_per_stage_without_gpus():
     for stage, replica_of in STAGES.items():
         options = deployment_options(replica_of(config))
         assert options["num_replicas"] == 1, stage
-        assert options["ray_actor_options"]["num_gpus"] == 0, stage
+        assert "num_gpus" not in options["ray_actor_options"], stage
         assert options["max_queued_requests"] > 0, stage
     assert application(CPU_FILE)["runtime_env"]["env_vars"]["HF_HUB_OFFLINE"] == "1"
 
@@ -451,8 +432,7 @@ def test_cpu_generator_is_one_cpu_bundle_with_prefix_caching():
     deployment = llm["deployment_config"]
     assert deployment["ray_actor_options"] == {"num_cpus": 0}
     assert deployment["num_replicas"] == 1
-    asked = args_of(CPU_FILE)["generator"]["deployment"]
-    assert deployment["max_queued_requests"] == asked["max_queued_requests"]
+    assert deployment["max_queued_requests"] == config.generator.deployment["max_queued_requests"]
     # The local model folder is resolved against the project root, not the working directory.
     # (A folder not prepared yet stays as written, for vLLM to report.)
     shipped = args_of(CPU_FILE)["generator"]["model_source"]
@@ -468,8 +448,8 @@ def test_gpu_config_autoscales_every_stage_and_gives_embedders_gpu_shares():
         options = deployment_options(replica_of(config))
         bounds = options["autoscaling_config"]
         assert 1 <= bounds["min_replicas"] <= bounds["max_replicas"], stage
-    assert config.retriever.deployment.num_gpus > 0
-    assert config.compression.deployment.num_gpus > 0
+    assert config.retriever.deployment["ray_actor_options"]["num_gpus"] > 0
+    assert config.compression.deployment["ray_actor_options"]["num_gpus"] > 0
     assert config.retriever.use_gpu_index is True
     assert application(GPU_FILE)["runtime_env"]["env_vars"]["RAG_ENV"] == "production"
 
@@ -492,36 +472,27 @@ def test_gpu_generator_is_quantized_on_an_accelerator_type_with_autoscaling():
 
 
 @pytest.mark.parametrize("file", [CPU_FILE, GPU_FILE])
-def test_the_generator_gets_the_queue_and_health_check_options_its_yaml_asks_for(file):
-    asked = args_of(file)["generator"]["deployment"]
+def test_the_generator_gets_the_queue_and_health_check_options_of_its_config(file):
     config = parse_config(args_of(file))
 
     deployment = generator_llm_config(config.generator)["deployment_config"]
 
-    for key in ("max_ongoing_requests", "max_queued_requests"):
-        assert deployment[key] == asked[key], key
-    for key in ("health_check_period_s", "health_check_timeout_s"):
-        assert deployment[key] == asked.get(key, ReplicaConfig.model_fields[key].default), key
-
-
-def most_replicas_asked(deployment: dict[str, Any]) -> int:
-    if "autoscaling" in deployment:
-        return deployment["autoscaling"]["max_replicas"]
-    return deployment["num_replicas"]
+    for key in ("max_ongoing_requests", "max_queued_requests", "health_check_timeout_s"):
+        assert deployment[key] == config.generator.deployment[key], key
 
 
 @pytest.mark.parametrize("file", [CPU_FILE, GPU_FILE])
 def test_shipped_configs_admit_what_the_generators_hold_below_the_ingress_capacity(file):
-    args = args_of(file)
-    generator, ingress = args["generator"]["deployment"], args["ingress"]["deployment"]
-    holds = most_replicas_asked(generator) * (
+    config = parse_config(args_of(file))
+    generator, ingress = config.generator.deployment, config.ingress.deployment
+    holds = most_replicas(generator) * (
         generator["max_ongoing_requests"] + generator["max_queued_requests"]
     )
 
-    limit = parse_config(args).in_flight_limit()
+    limit = config.in_flight_limit()
 
     # Not clipped by the ingress's own capacity: refusals stay cheap and in the API's shape.
-    assert limit == math.ceil(holds / most_replicas_asked(ingress))
+    assert limit == math.ceil(holds / most_replicas(ingress))
     assert limit < ingress["max_ongoing_requests"]
 
 
@@ -574,11 +545,11 @@ def test_an_explicit_in_flight_limit_wins():
         (
             {
                 "num_replicas": 1,
-                "autoscaling": {"min_replicas": 1, "max_replicas": 5},
+                "autoscaling_config": {"min_replicas": 1, "max_replicas": 5},
                 "max_ongoing_requests": 4,
                 "max_queued_requests": 6,
             },
-            {"autoscaling": {"min_replicas": 1, "max_replicas": 2}},
+            {"autoscaling_config": {"min_replicas": 1, "max_replicas": 2}},
             25,
         ),
         # an unlimited queue (-1) counts no queued requests

@@ -166,4 +166,4 @@ def test_external_generator_overrides_point_the_application_at_the_server():
     assert config.generator.openai is not None
     assert config.generator.openai.base_url == "http://127.0.0.1:9001/v1"
     assert config.generator.openai.read_timeout_s == 45.0
-    assert config.generator.deployment.num_cpus == 0.1
+    assert config.generator.deployment["ray_actor_options"] == {"num_cpus": 0.1}

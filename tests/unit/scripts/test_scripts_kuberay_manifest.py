@@ -160,7 +160,7 @@ def test_serve_config_v2_is_a_valid_serve_deploy_config():
 
 def test_an_edited_serve_config_changes_the_manifest():
     serve_config = _serve_config()
-    serve_config["applications"][0]["args"]["generator"]["deployment"]["autoscaling"] = {
+    serve_config["applications"][0]["args"]["generator"]["deployment"]["autoscaling_config"] = {
         "min_replicas": 1,
         "max_replicas": 12,
         "target_ongoing_requests": 32,
@@ -312,7 +312,7 @@ def test_without_collections_no_pod_mounts_a_collections_volume():
 def test_the_collection_writer_counts_toward_the_cpu_pods():
     serve_config = _serve_config()
     args = serve_config["applications"][0]["args"]
-    args["collections"]["deployment"] = {"num_cpus": 8}
+    args["collections"]["deployment"] = {"ray_actor_options": {"num_cpus": 8}}
     config = parse_config(args)
 
     # Ingress 1..4 CPUs plus the writer's 8, on 4-CPU pods.
