@@ -428,7 +428,7 @@ def _plan(config: RagAppConfig, options: RagOptions) -> CompressionPlan:
         return CompressionPlan(
             method, requested.rate or defaults.rate, requested.target_tokens, policy, reuse
         )
-    return CompressionPlan(method, defaults.rate, defaults.target_tokens, policy, reuse)
+    return CompressionPlan(method, defaults.rate, None, policy, reuse)
 
 
 def _admit(state: ApiState) -> None:

@@ -138,7 +138,7 @@ def generator_llm_config(generator: GeneratorConfig, retry_after_s: float = 1.0)
     deployment = deployment_options(generator.deployment, retry_after_s)
     router = generator.request_router
     if router.kind == "prefix_cache_affinity":
-        kwargs: dict[str, Any] = {"match_rate_threshold": router.match_rate_threshold}
+        kwargs: dict[str, Any] = {}  # Ray Serve LLM's own match_rate_threshold (0.1)
         if router.imbalanced_threshold is not None:
             kwargs["imbalanced_threshold"] = router.imbalanced_threshold
         deployment["request_router_config"] = router_config(PREFIX_CACHE_AFFINITY_ROUTER, **kwargs)

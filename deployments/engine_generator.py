@@ -43,7 +43,7 @@ class EngineGeneratorDeployment:
 def build_engine(generator: GeneratorConfig) -> TokenEngine:
     """The engine `generator.engine` names (not vllm: that one is Ray Serve LLM's)."""
     if generator.engine == "paced":
-        return PacedEngine(generator.paced.ttft_ms, generator.paced.tpot_ms)
+        return PacedEngine()
     if generator.engine != "openai" or generator.openai is None:
         raise ValueError(f"no external engine for generator.engine {generator.engine!r}")
     import httpx

@@ -30,14 +30,6 @@ GeneratorServeOptions = Annotated[
 ]
 
 
-class PacedEngineConfig(StrictModel):
-    """A null engine for measuring the chain itself (bench.chaos; the retired bench.overhead
-    in docs/retired.md): no model, tokens at a fixed pace."""
-
-    ttft_ms: float = Field(50.0, ge=0, description="Time to the first token.")
-    tpot_ms: float = Field(5.0, ge=0, description="Time between later tokens.")
-
-
 class OpenAIEngineConfig(StrictModel):
     """An OpenAI-compatible server outside Ray as the generator (TGI, TensorRT-LLM's OpenAI
     frontend, SGLang, a vLLM fleet). Its API key, if it needs one, comes from the
@@ -108,21 +100,18 @@ class RequestRouterConfig(StrictModel):
         "None (never) lets affinity always win: with prefix_cache_affinity every request "
         "then goes to one replica here, since all prompts share the long system prompt.",
     )
-    match_rate_threshold: float = Field(
-        0.1, ge=0, le=1, description="prefix_cache_affinity: least prefix match that counts."
-    )
 
 
 class GeneratorConfig(StrictModel):
     engine: Literal["vllm", "openai", "paced"] = Field(
         "vllm",
         description="vllm (inside Ray, Ray Serve LLM); openai: an OpenAI-compatible server "
-        "outside Ray (see `openai`); paced: the null engine (bench.chaos' overload runs).",
+        "outside Ray (see `openai`); paced: the null engine at vLLM's pace on the CPU default "
+        "(generation.paced_engine; bench.chaos' overload runs).",
     )
     openai: OpenAIEngineConfig | None = Field(
         None, description="The external server, for engine: openai."
     )
-    paced: PacedEngineConfig = PacedEngineConfig()
     stream_batching_interval_ms: float = Field(
         50.0,
         ge=0,

@@ -77,17 +77,6 @@ class LLMLinguaConfig(StrictModel):
     rank_method: Literal["longllmlingua", "llmlingua"] = Field(
         "longllmlingua", description="Question-aware LongLLMLingua or plain LLMLingua."
     )
-    condition_compare: bool = Field(
-        False,
-        description="Score each segment twice (with and without the question) to rank tokens "
-        "by the question's effect: twice the scorer time. See docs/benchmarks.md.",
-    )
-    iterative_size: int | None = Field(
-        None,
-        ge=16,
-        description="Tokens LLMLingua scores per forward pass; unset sizes it to each chunk, "
-        "the only setting where LLMLingua 0.2.2 keeps the asked rate on chunk-sized contexts.",
-    )
     device: str = Field("cpu", description="Device map for the scorer ('cpu', 'cuda').")
     dtype: Literal["float32", "bfloat16"] = Field(
         "float32", description="Scorer weights' dtype (bfloat16 pays only with AMX/AVX512-BF16)."
@@ -106,8 +95,6 @@ class LLMLinguaConfig(StrictModel):
             options=LLMLinguaOptions(
                 use_llmlingua2=self.use_llmlingua2,
                 rank_method=self.rank_method,
-                condition_compare=self.condition_compare,
-                iterative_size=self.iterative_size,
             ),
             device=self.device,
             dtype=self.dtype,
@@ -211,9 +198,6 @@ class CompressionConfig(StrictModel):
         f"registry ({', '.join(method_names())}).",
     )
     rate: float = Field(0.5, gt=0, le=1, description="Fraction of context tokens to keep.")
-    target_tokens: int | None = Field(
-        None, ge=1, description="Absolute context-token target; overrides rate when set."
-    )
     sentence_prefilter_rate: float = Field(
         PREPARATION_DEFAULTS.sentence_prefilter_rate,
         gt=0,

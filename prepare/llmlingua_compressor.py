@@ -18,22 +18,20 @@ LLMLINGUA2_MODEL_FAMILIES = ("xlm-roberta-large", "bert-base-multilingual-cased"
 
 @dataclass(frozen=True)
 class LLMLinguaOptions:
-    """How LongLLMLingua scores tokens; each knob trades scorer time against selection quality.
+    """Which LLMLingua scores tokens: LLMLingua-2's classifier, or LongLLMLingua
+    (question-aware) or plain LLMLingua with a causal LM.
 
-    `condition_compare` runs the scorer twice per segment (with and without the question in
-    front) to rank tokens by how much the question changes their perplexity; off, one pass
-    scores tokens conditioned on the question only. `iterative_size` is the segment LLMLingua
-    scores per forward pass; None sizes it to each chunk (one pass per chunk). LLMLingua 0.2.2
-    compresses only the first (2 * length + question - segment) positions of a context shorter
-    than its segment, so at its default 200 a 100-token chunk asked for rate 0.5 kept ~75-85%;
-    sized to the chunk, the rate holds. Segments shorter than a chunk fail under transformers
-    5 (LLMLingua slices the KV cache as tuples).
+    LongLLMLingua runs one pass per chunk, its tokens conditioned on the question (scoring
+    each segment twice, with and without the question, took twice the scorer time:
+    docs/retired.md), over one segment sized to the chunk: LLMLingua 0.2.2
+    compresses only the first (2 * length + question - segment) positions of a context
+    shorter than its segment, so at its default 200 a 100-token chunk asked for rate 0.5
+    kept ~75-85%; sized to the chunk, the rate holds. Segments shorter than a chunk fail
+    under transformers 5 (LLMLingua slices the KV cache as tuples).
     """
 
     use_llmlingua2: bool = False
     rank_method: str = "longllmlingua"
-    condition_compare: bool = False
-    iterative_size: int | None = None
 
 
 class LLMLinguaCompressor:
@@ -108,8 +106,8 @@ class LLMLinguaCompressor:
                 rank_method=options.rank_method,
                 use_context_level_filter=False,
                 condition_in_question="after_condition",
-                condition_compare=options.condition_compare,
-                iterative_size=options.iterative_size or self._segment_for(text),
+                condition_compare=False,
+                iterative_size=self._segment_for(text),
                 concate_question=False,
             )
         return str(result["compressed_prompt"])

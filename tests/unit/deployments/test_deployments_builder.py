@@ -129,22 +129,9 @@ def test_the_default_router_leaves_servess_own_routing():
 @pytest.mark.parametrize(
     ("router", "kwargs"),
     [
-        (
-            {"kind": "prefix_cache_affinity"},
-            {"match_rate_threshold": 0.1, "imbalanced_threshold": 2.0},
-        ),
-        (
-            {"kind": "prefix_cache_affinity", "imbalanced_threshold": None},
-            {"match_rate_threshold": 0.1},
-        ),
-        (
-            {
-                "kind": "prefix_cache_affinity",
-                "match_rate_threshold": 0.3,
-                "imbalanced_threshold": 4,
-            },
-            {"match_rate_threshold": 0.3, "imbalanced_threshold": 4},
-        ),
+        ({"kind": "prefix_cache_affinity"}, {"imbalanced_threshold": 2.0}),
+        ({"kind": "prefix_cache_affinity", "imbalanced_threshold": None}, {}),
+        ({"kind": "prefix_cache_affinity", "imbalanced_threshold": 4}, {"imbalanced_threshold": 4}),
     ],
 )
 def test_prefix_cache_affinity_routes_with_ray_serve_llms_router(router, kwargs):
@@ -255,7 +242,6 @@ def test_serve_loads_the_conversation_affinity_router_with_its_kwargs():
 def test_the_paced_engine_is_a_plain_deployment_named_generator():
     generator = GeneratorConfig(
         engine="paced",
-        paced={"ttft_ms": 30, "tpot_ms": 2},
         stream_batching_interval_ms=5,
         deployment={"num_replicas": 2, "max_ongoing_requests": 9, "max_replicas_per_node": 1},
     )

@@ -16,12 +16,9 @@ from pipeline.messages import FinishEvent, GenerationRequest, TokenEvent
 REQUEST = GenerationRequest([{"role": "user", "content": "two words"}], 6, 0.0, "req-1")
 
 
-def paced(ttft_ms: float, tpot_ms: float, interval_ms: float) -> EngineGeneratorDeployment:
-    config = GeneratorConfig(
-        engine="paced",
-        paced={"ttft_ms": ttft_ms, "tpot_ms": tpot_ms},
-        stream_batching_interval_ms=interval_ms,
-    )
+def paced(interval_ms: float) -> EngineGeneratorDeployment:
+    """The generator around the paced engine (0.3 s to the first token, then 30 ms each)."""
+    config = GeneratorConfig(engine="paced", stream_batching_interval_ms=interval_ms)
     return asyncio.run(_constructed(config))
 
 
@@ -36,7 +33,7 @@ async def batches_of(deployment: EngineGeneratorDeployment) -> list[list]:
 
 
 def test_generate_streams_max_tokens_tokens_then_the_finish_in_batches():
-    deployment = paced(ttft_ms=0, tpot_ms=2, interval_ms=1000)
+    deployment = paced(interval_ms=1000)
 
     batches = asyncio.run(batches_of(deployment))
 
@@ -45,13 +42,13 @@ def test_generate_streams_max_tokens_tokens_then_the_finish_in_batches():
     assert len(events) == 7
     assert isinstance(events[-1], FinishEvent)
     assert events[-1].usage.completion_tokens == 6
-    # The first token on its own, the rest together once the stream ends (within 1 s).
+    # The first token on its own, the rest together once the stream ends (0.15 s later).
     assert len(batches[0]) == 1
     assert len(batches) == 2
 
 
 def test_no_batching_interval_sends_each_event_on_its_own():
-    deployment = paced(ttft_ms=0, tpot_ms=0, interval_ms=0)
+    deployment = paced(interval_ms=0)
 
     batches = asyncio.run(batches_of(deployment))
 
@@ -59,16 +56,16 @@ def test_no_batching_interval_sends_each_event_on_its_own():
 
 
 def test_the_paced_generator_is_healthy():
-    deployment = paced(ttft_ms=50, tpot_ms=5, interval_ms=10)
+    deployment = paced(interval_ms=10)
 
     assert asyncio.run(deployment.check_health()) is None
 
 
-def test_build_engine_gives_the_paced_engine_its_pace():
-    engine = build_engine(GeneratorConfig(engine="paced", paced={"ttft_ms": 20, "tpot_ms": 4}))
+def test_build_engine_gives_the_paced_engine_vllms_pace():
+    engine = build_engine(GeneratorConfig(engine="paced"))
 
     assert isinstance(engine, PacedEngine)
-    assert (engine.ttft_s, engine.tpot_s) == (0.02, 0.004)
+    assert (engine.ttft_s, engine.tpot_s) == (0.3, 0.03)
 
 
 def test_build_engine_refuses_vllm_which_ray_serve_llm_hosts():

@@ -38,16 +38,6 @@ def test_longllmlingua_is_question_aware_and_keeps_the_question_out_of_the_outpu
     assert kwargs["iterative_size"] == 5
 
 
-def test_the_scoring_knobs_reach_llmlingua():
-    backend = RecordingPromptCompressor()
-    options = LLMLinguaOptions(condition_compare=True, iterative_size=512)
-    LLMLinguaCompressor(backend, options).compress_chunk("Q?", "Text.", 0.5)
-
-    [(_, kwargs)] = backend.calls
-    assert kwargs["condition_compare"] is True
-    assert kwargs["iterative_size"] == 512
-
-
 def test_llmlingua2_is_question_agnostic_and_keeps_punctuation():
     backend = RecordingPromptCompressor()
     compressor = LLMLinguaCompressor(backend, LLMLinguaOptions(use_llmlingua2=True))

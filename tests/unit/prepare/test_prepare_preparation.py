@@ -705,7 +705,7 @@ def test_load_passes_the_llmlingua_settings_to_the_scorer(
     monkeypatch.setattr(
         preparation_module.LLMLinguaCompressor, "load", staticmethod(fake_llmlingua_load)
     )
-    options = LLMLinguaOptions(condition_compare=True, iterative_size=64)
+    options = LLMLinguaOptions(rank_method="llmlingua")
     settings = LLMLinguaLoad("scorer/path", options, "cuda", "bfloat16", "/tmp/tiktoken")
 
     preparer = PromptPreparer.load(
