@@ -74,17 +74,11 @@ class ConversationConfig(StrictModel):
         REWRITE_SYSTEM_PROMPT,
         description="Static system prompt of the rewrite (one KV block or more, so cached).",
     )
-    rewrite_max_tokens: int = Field(48, ge=1, description="Longest rewritten question.")
-    rewrite_timeout_s: float = Field(
-        10.0, gt=0, description="Past this the rewrite is dropped and the turns are joined."
-    )
 
     def to_settings(self) -> ConversationSettings:
         return ConversationSettings(
             join_user_turns=self.join_user_turns,
             rewrite_system_prompt=self.rewrite_system_prompt,
-            rewrite_max_tokens=self.rewrite_max_tokens,
-            rewrite_timeout_s=self.rewrite_timeout_s,
         )
 
 
@@ -117,9 +111,6 @@ class IngressConfig(StrictModel):
     readiness_refresh_s: float = Field(
         2.0, gt=0, description="How often the ingress asks Serve which stages are running."
     )
-    readiness_timeout_s: float = Field(
-        5.0, gt=0, description="Longest wait for that answer before keeping the last one."
-    )
     deployment: IngressServeOptions = deployment_field(INGRESS_SERVE_OPTIONS, "ingress")
 
 
@@ -149,7 +140,6 @@ class RagAppConfig(StrictModel):
         """What the compressor's and the ingress's prompt preparers are tuned by."""
         reuse = self.compression.reuse
         return PreparationOptions(
-            margin_tokens=self.prompt.margin_tokens,
             sentence_prefilter_rate=self.compression.sentence_prefilter_rate,
             history_max_tokens=self.conversation.history_max_tokens,
             skip_shown_turns=reuse.skip_shown_turns,

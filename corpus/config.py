@@ -96,11 +96,6 @@ class CollectionsConfig(StrictModel):
     max_queued_jobs: int = Field(
         64, ge=1, description="Jobs waiting for the writer; past it, 503 with Retry-After."
     )
-    jobs_kept: int = Field(1000, ge=1, description="Finished jobs whose status stays readable.")
-    writer_lock_timeout_s: float = Field(
-        60.0, gt=0, description="Longest wait for another writer to finish before failing."
-    )
-    torch_threads: int = Field(1, ge=1, description="Intra-op threads for the writer's embedder.")
     device: str = Field(
         "cpu",
         description="Torch device of the writer's embedder (the retriever's model): 'cpu' "
@@ -118,15 +113,8 @@ class CollectionsConfig(StrictModel):
         description="How the thread that runs jobs yields the CPU to queries. 'idle' "
         "(Linux SCHED_IDLE): it runs only on CPU time nothing else wants, so a job never "
         "preempts the query path's threads; under a load that keeps every CPU busy, jobs "
-        "wait. 'nice': `job_niceness`, a smaller share but never starved (what each does to "
+        "wait. 'nice': nice 10, a smaller share but never starved (what each does to "
         "queries' p99: docs/retired.md, bench.ingestion).",
-    )
-    job_niceness: int = Field(
-        10,
-        ge=0,
-        le=19,
-        description="Unix nice value of the thread that runs jobs with job_scheduling "
-        "'nice' (or where SCHED_IDLE is unavailable); 0: same priority as queries.",
     )
     deployment: WriterServeOptions = deployment_field(WRITER_SERVE_OPTIONS, "collection writer")
 

@@ -44,6 +44,12 @@ logger = get_logger(__name__)
 
 # Progress is written to disk at most this often while a job runs.
 PROGRESS_SAVE_INTERVAL_S = 0.5
+# Longest wait for another writer on the same folder (another pod's) before failing.
+WRITER_LOCK_TIMEOUT_S = 60.0
+# Finished jobs whose status stays readable.
+JOBS_KEPT = 1000
+# The job thread's nice value with job_scheduling 'nice' (or where SCHED_IDLE is missing).
+JOB_NICENESS = 10
 
 
 class CollectionWriterDeployment:
@@ -51,7 +57,7 @@ class CollectionWriterDeployment:
         import torch
 
         settings = config.collections
-        torch.set_num_threads(settings.torch_threads)
+        torch.set_num_threads(1)  # the query path's threads keep the other cores
         root = resolve_path(settings.root)
         self._store = CollectionStore(root)
         self._settings = settings
@@ -67,7 +73,7 @@ class CollectionWriterDeployment:
             ChunkingParams(settings.chunk_tokens, settings.overlap_tokens),
             keep_versions=settings.keep_versions,
             version_grace_s=settings.version_grace_s,
-            lock_timeout_s=settings.writer_lock_timeout_s,
+            lock_timeout_s=WRITER_LOCK_TIMEOUT_S,
             cpu_share=settings.job_cpu_share,
             parse=BoundedParser(
                 ParseLimits(settings.parse_timeout_s, settings.parse_memory_mb * MIB)
@@ -75,9 +81,9 @@ class CollectionWriterDeployment:
         )
         self._default_path = resolve_path(config.retriever.index_path)
         self._default = describe_shipped(self._default_path)
-        with self._store.writer(timeout_s=settings.writer_lock_timeout_s):
+        with self._store.writer(timeout_s=WRITER_LOCK_TIMEOUT_S):
             leftovers = self._store.recover()
-            self._jobs = JobBook(root, keep=settings.jobs_kept)
+            self._jobs = JobBook(root, keep=JOBS_KEPT)
             # Uploads of jobs that died with the last writer go with them.
             self._spool = UploadSpool(root / SPOOL_DIR, settings.max_upload_bytes)
             failed = self._jobs.fail_unfinished(
@@ -88,7 +94,7 @@ class CollectionWriterDeployment:
             maxsize=settings.max_queued_jobs
         )
         self._writing = asyncio.Lock()  # one change at a time within this replica
-        self._job_thread = job_executor(settings.job_scheduling, settings.job_niceness)
+        self._job_thread = job_executor(settings.job_scheduling, JOB_NICENESS)
         self._worker: asyncio.Task | None = None
         self._metrics = IngestionMetrics()
         logger.info(
@@ -262,7 +268,7 @@ class CollectionWriterDeployment:
         """Run `change` under the store's writer lock; a refusal as a StageError."""
 
         def locked() -> None:
-            with self._store.writer(timeout_s=self._settings.writer_lock_timeout_s):
+            with self._store.writer(timeout_s=WRITER_LOCK_TIMEOUT_S):
                 change()
 
         try:

@@ -70,7 +70,6 @@ class RagIngress:
             # Without the writer, queries go on; only the collections routes answer 503.
             optional=("compressor", "writer") if writer is not None else ("compressor",),
             refresh_s=config.ingress.readiness_refresh_s,
-            timeout_s=config.ingress.readiness_timeout_s,
         )
 
         def available(stage: str) -> bool:

@@ -64,6 +64,10 @@ class CompressorRouterConfig(StrictModel):
     )
 
 
+# Where `make setup` writes tiktoken's cl100k_base (LLMLingua asks for it on load), offline.
+TIKTOKEN_CACHE_DIR = ".cache/tiktoken"
+
+
 class LLMLinguaConfig(StrictModel):
     enabled: bool = Field(
         True, description="Load LLMLingua in the compressor (needed for the llmlingua methods)."
@@ -82,9 +86,6 @@ class LLMLinguaConfig(StrictModel):
         "float32", description="Scorer weights' dtype (bfloat16 pays only with AMX/AVX512-BF16)."
     )
     torch_threads: int = Field(1, ge=1, description="Intra-op threads for the scorer on CPU.")
-    tiktoken_cache_dir: str = Field(
-        ".cache/tiktoken", description="Offline tiktoken cache holding cl100k_base."
-    )
 
     def to_load(self) -> LLMLinguaLoad | None:
         """What PromptPreparer.load needs to load the scorer; None when disabled."""
@@ -98,7 +99,7 @@ class LLMLinguaConfig(StrictModel):
             ),
             device=self.device,
             dtype=self.dtype,
-            tiktoken_cache_dir=str(resolve_path(self.tiktoken_cache_dir)),
+            tiktoken_cache_dir=str(resolve_path(TIKTOKEN_CACHE_DIR)),
         )
 
 
@@ -232,11 +233,6 @@ class PromptConfig(StrictModel):
         "explained",
         description="Answer style when a request names none: 'short' (the answer span only) "
         "or 'explained' (a few sentences).",
-    )
-    margin_tokens: int = Field(
-        PREPARATION_DEFAULTS.margin_tokens,
-        ge=0,
-        description="Slack kept free in the context window.",
     )
 
     def system_prompts(self) -> dict[AnswerStyle, str]:

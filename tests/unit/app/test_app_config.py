@@ -340,7 +340,6 @@ def test_the_preparers_options_come_from_the_config():
 
     config = RagAppConfig.model_validate(
         {
-            "prompt": {"margin_tokens": 3},
             "compression": {
                 "sentence_prefilter_rate": 0.25,
                 "reuse": {"skip_shown_turns": None, "resend_top_passages": 2},
@@ -350,7 +349,6 @@ def test_the_preparers_options_come_from_the_config():
     )
 
     assert config.preparation_options() == PreparationOptions(
-        margin_tokens=3,
         sentence_prefilter_rate=0.25,
         history_max_tokens=64,
         skip_shown_turns=None,

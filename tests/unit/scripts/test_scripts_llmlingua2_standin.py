@@ -233,7 +233,6 @@ def compressor_stage(standin: Path, index_dir: Path, **compression):
     llmlingua = {
         "use_llmlingua2": True,
         "model": str(standin),
-        "tiktoken_cache_dir": str(TIKTOKEN_CACHE),
     }
     config = parse_config(
         {
