@@ -58,18 +58,11 @@ class RagIngress:
         """`writer` is the collection writer (None: collections are off)."""
         settings = load_settings()
         self._built_with = config
-        fallback = PromptPreparer.load(
-            resolve_model_reference(config.generator.tokenizer_source(), PROJECT_ROOT),
-            config.prompt.system_prompts(),
-            config.generator.max_model_len,
-            config.preparation_options(),
-        )
         readiness = ReadinessMonitor(
             _running_replicas,
             required=("retriever", "generator"),
             # Without the writer, queries go on; only the collections routes answer 503.
             optional=("compressor", "writer") if writer is not None else ("compressor",),
-            refresh_s=config.ingress.readiness_refresh_s,
         )
 
         def available(stage: str) -> bool:
@@ -79,17 +72,9 @@ class RagIngress:
 
         metrics = PipelineMetrics()
         stages = HandleStages(retriever, compressor, generator, available)
-        pipeline = RagPipeline(
-            stages,
-            fallback=fallback,
-            compressor_timeout_s=config.compression.timeout_s,
-            metrics=metrics,
-            conversation=config.conversation.to_settings(),
-            attribution_timeout_s=config.citations.timeout_s,
-        )
         limit = config.ingress.rate_limit
         self._state = ApiState(
-            pipeline=pipeline,
+            pipeline=_pipeline(config, stages, metrics),
             config=config,
             settings=settings,
             readiness=readiness,
@@ -102,13 +87,7 @@ class RagIngress:
             embeddings=stages,
             embedding_model_id=model_name(config.retriever.embedding.model),
         )
-        if settings.auth_required and os.environ.get(PROXY_CALLBACK_ENV) != PROXY_CALLBACK:
-            logger.warning(
-                "API keys are checked in the ingress only: Serve's proxy reads each request's "
-                "body before the ingress sees it. Start the cluster with %s=%s",
-                PROXY_CALLBACK_ENV,
-                PROXY_CALLBACK,
-            )
+        _warn_without_the_proxy_check(settings.auth_required)
         logger.info(
             "ingress ready (auth %s, %d requests in flight at most)",
             "on" if settings.auth_required else "off",
@@ -149,3 +128,33 @@ def _serve_request_id() -> str | None:
     from ray.serve.context import _get_serve_request_context
 
     return _get_serve_request_context().request_id or None
+
+
+def _pipeline(config: RagAppConfig, stages: HandleStages, metrics: PipelineMetrics) -> RagPipeline:
+    """The request pipeline over the stages' handles, with its fallback preparer: the
+    uncompressed context cut to the budget when the compressor cannot answer, and the
+    history cut to its budget before retrieval."""
+    fallback = PromptPreparer.load(
+        resolve_model_reference(config.generator.tokenizer_source(), PROJECT_ROOT),
+        config.prompt.system_prompts(),
+        config.generator.max_model_len,
+        config.preparation_options(),
+    )
+    return RagPipeline(
+        stages,
+        fallback=fallback,
+        compressor_timeout_s=config.compression.timeout_s,
+        metrics=metrics,
+        conversation=config.conversation.to_settings(),
+        attribution_timeout_s=config.citations.timeout_s,
+    )
+
+
+def _warn_without_the_proxy_check(auth_required: bool) -> None:
+    if auth_required and os.environ.get(PROXY_CALLBACK_ENV) != PROXY_CALLBACK:
+        logger.warning(
+            "API keys are checked in the ingress only: Serve's proxy reads each request's "
+            "body before the ingress sees it. Start the cluster with %s=%s",
+            PROXY_CALLBACK_ENV,
+            PROXY_CALLBACK,
+        )

@@ -77,6 +77,26 @@ class LLMLinguaLoad:
     tiktoken_cache_dir: str | None = None
 
 
+@dataclass
+class _Draft:
+    """A prompt as PromptPreparer.prepare makes it, step by step."""
+
+    question: str
+    style: AnswerStyle
+    system_prompt: str
+    scope: str  # what this conversation's remembered turns are kept under
+    whole_history: tuple[Turn, ...]  # cleaned, uncut: what remembered turns are keyed by
+    chunks: list[ContextChunk]  # the retrieved passages still to send
+    plan: CompressionPlan
+    degraded: str | None
+    history: tuple[Turn, ...] = ()  # the earlier turns the prompt holds
+    fixed_tokens: int = 0  # the prompt's tokens without sources
+    budget: int = 0  # the tokens left for sources
+    continued: list[SentTurn] = field(default_factory=list)  # earlier prompts continued
+    shown_before: dict[str, frozenset[str]] = field(default_factory=dict)  # their sentences
+    shown: list[ContextChunk] = field(default_factory=list)  # passages they showed all of
+
+
 @dataclass(frozen=True)
 class _Continuation:
     """A follow-up laid out to continue the prompts before it (PromptPreparer._continuation)."""
@@ -214,7 +234,7 @@ class PromptPreparer:
     def fit_history(self, history: Sequence[Turn]) -> tuple[Turn, ...]:
         """The newest turns of `history` that fit the history token budget, oldest first,
         starting with a user turn, their text cleared of the tokenizer's control strings."""
-        return self._fit_cleaned(self._cleaned(history))
+        return self._fit_cleaned(self._cleaned_turns(history))
 
     def _fit_cleaned(self, history: tuple[Turn, ...]) -> tuple[Turn, ...]:
         """fit_history of a history already cleaned (`_cleaned`)."""
@@ -228,30 +248,21 @@ class PromptPreparer:
             used += tokens
         return _from_first_user_turn(reversed(kept))
 
-    def _cleaned(self, history: Sequence[Turn]) -> tuple[Turn, ...]:
+    def _cleaned_turns(self, history: Sequence[Turn]) -> tuple[Turn, ...]:
         return tuple(Turn(t.role, neutralize(t.content, self._reserved).strip()) for t in history)
 
-    def _continuation(
-        self,
-        scope: str,
-        system_prompt: str,
-        question: str,
-        whole: tuple[Turn, ...],
-        fitted: tuple[Turn, ...],
-        chunks: Sequence[ContextChunk],
-        budget: int,
-        max_output_tokens: int,
-        plan: CompressionPlan,
-    ) -> _Continuation | None:
-        """The fitted history (a tail of the whole, cleaned) continued (_Continuation);
+    def _continuation(self, draft: _Draft, max_output_tokens: int) -> _Continuation | None:
+        """The draft's fitted history (a tail of the whole) continued (_Continuation);
         None when no question is remembered, or when the longer history would leave the
-        passages not shown before less room than the plain one (`budget`) does or than the
+        passages not shown before less room than the plain one (its budget) does or than the
         plan's compression would leave of them (its target: where the compression keeps
         more, as sentence selection may by part of a sentence, the budget cuts the last
         passage). All or nothing: a continued history cut at its start
         continues nothing."""
         assert self._sent_turns is not None
-        history, sent = self._sent_turns.continued(scope, whole, len(whole) - len(fitted))
+        whole, chunks, plan = draft.whole_history, draft.chunks, draft.plan
+        start = len(whole) - len(draft.history)
+        history, sent = self._sent_turns.continued(draft.scope, whole, start)
         if not sent:
             return None
         # Only what the last `skip_shown_turns` turns showed counts as shown: older evidence
@@ -265,11 +276,14 @@ class PromptPreparer:
         old: list[ContextChunk] = []
         for chunk in chunks:
             (old if fully_shown(chunk, shown) else new).append(chunk)
-        fixed_tokens, room = self._sources_room(system_prompt, question, history, max_output_tokens)
+        fixed_tokens, room = self._sources_room(
+            draft.system_prompt, draft.question, history, max_output_tokens
+        )
         # The room the new passages need: as much as the plan's compression leaves of them.
         new_tokens = count_context_tokens(new, self._count)
         wanted = min(
-            budget, new_tokens if plan.method == NO_COMPRESSION else plan.target_for(new_tokens)
+            draft.budget,
+            new_tokens if plan.method == NO_COMPRESSION else plan.target_for(new_tokens),
         )
         if room <= 0 or room < wanted:
             return None
@@ -312,127 +326,159 @@ class PromptPreparer:
         PromptTooLongError when even an empty context and no history do not fit.
         """
         started_at_s, started = time.time(), time.perf_counter()
-        question = neutralize(conversation.question, self._reserved).strip()
-        system_prompt = self._system_prompts[conversation.answer_style]
-        cleaned_history = self._cleaned(conversation.history)
-        history = self._fit_cleaned(cleaned_history)
-        chunks, no_sentences = self._context_chunks(retrieval)
-        if reason := self._unmet_need(plan, no_sentences):
-            plan, degraded = replace(plan, method=NO_COMPRESSION), degraded or reason
-        count = self._count
-        history, fixed_tokens, budget = self._fit_to_window(
-            system_prompt, question, history, max_output_tokens
-        )
-        # A follow-up continues the prompts before it: its earlier questions go as they were
-        # sent, and the sentences they showed are not sent again (prepare.continuation).
+        draft = self._cleaned(conversation, retrieval, plan, degraded)
+        self._fit_history(draft, max_output_tokens)
         remembers = plan.reuse and self._sent_turns is not None
-        scope = turn_scope(retrieval.collection, system_prompt)
-        continued: list[SentTurn] = []
-        shown_before: dict[str, frozenset[str]] = {}
-        shown: list[ContextChunk] = []  # retrieved passages all of whose sentences were shown
-        if remembers and history:
-            found = self._continuation(
-                scope,
-                system_prompt,
-                question,
-                cleaned_history,
-                history,
-                chunks,
-                budget,
-                max_output_tokens,
-                plan,
-            )
-            if found is not None:
-                history, continued, shown_before = found.history, found.turns, found.shown
-                fixed_tokens, budget = found.fixed_tokens, found.room
-                chunks, shown = found.new, found.old
-        tokens_before = count_context_tokens(chunks, count)
-        if budget <= 0:
-            raise PromptTooLongError(
-                f"the question ({fixed_tokens} prompt tokens with the system prompt) and "
-                f"max_tokens={max_output_tokens} exceed the model's {self._max_model_len}-token "
-                "context"
-            )
-        decision = None
-        if plan.policy == "auto" and plan.method != NO_COMPRESSION:
-            decision = self._decide(
-                plan,
-                tokens_before,
-                len(chunks),
-                budget,
-                fixed_tokens - self.system_prompt_tokens[conversation.answer_style],
-            )
-            if not decision.compress:
-                plan = replace(plan, method=NO_COMPRESSION)
-
+        if remembers and draft.history:
+            self._continue(draft, max_output_tokens)
+        tokens_before = count_context_tokens(draft.chunks, self._count)
+        self._check_room(draft, max_output_tokens)
+        decision = self._decided(draft, tokens_before)
         compress_started = time.perf_counter()
-        compressed = compress_chunks(
-            plan,
-            question,
-            retrieval.question_embedding,
-            chunks,
-            count,
-            self._chunk_compressor,
-            self._sentence_prefilter_rate,
-        )
-        if shown_before:  # what compression kept of a passage shown before: its new sentences
-            compressed, all_shown = without_shown(compressed, shown_before)
-            shown += all_shown
+        compressed = self._compressed(draft, retrieval)
         compress_ms = (time.perf_counter() - compress_started) * 1000
-        kept, truncated = fit_to_budget(compressed, count, budget)
-        # Each kept passage's tokens as rendered in its source tags (for the layout).
-        source_tokens = [
-            count(chunk.text) + count(render_context([replace(chunk, text="")])) for chunk in kept
-        ]
-        messages = build_messages(system_prompt, kept, question, history, bool(shown))
-        if remembers and self._sent_turns is not None:
-            sent = {chunk.chunk_id: frozenset(chunk.sentences) for chunk in kept if chunk.sentences}
-            self._sent_turns.remember(
-                turn_key(scope, cleaned_history, question),
-                SentTurn(messages[-1]["content"], sent, kept[0].chunk_id if kept else ""),
-            )
-            # A follow-up's history holds this message: counted while the answer is made.
-            self._chat_tokens.count_ahead(dict(messages[-1]))
+        kept, truncated = fit_to_budget(compressed, self._count, draft.budget)
+        messages = build_messages(
+            draft.system_prompt, kept, draft.question, draft.history, bool(draft.shown)
+        )
+        if remembers:
+            self._remember(draft, kept, messages[-1])
         return PreparedPrompt(
             messages=messages,
-            layout=self._layout(system_prompt, conversation.answer_style, history, source_tokens),
+            layout=self._layout(draft, kept),
             # What the answer may cite: this turn's sources, and the retrieved passages
             # earlier turns of the prompt showed all of.
-            sources=tuple(chunk.as_source() for chunk in (*kept, *shown)),
-            method=plan.method,
+            sources=tuple(chunk.as_source() for chunk in (*kept, *draft.shown)),
+            method=draft.plan.method,
             context_tokens_before=tokens_before,
-            context_tokens_after=count_context_tokens(kept, count),
+            context_tokens_after=count_context_tokens(kept, self._count),
             compress_ms=compress_ms,
             truncated=truncated,
             timing=StageTiming(started_at_s, (time.perf_counter() - started) * 1000),
             decision=decision,
-            degraded=degraded,
-            history_turns=len(history),
-            continued_turns=len(continued),
-            opening_passage=opening_passage(history, continued, kept),
+            degraded=draft.degraded,
+            history_turns=len(draft.history),
+            continued_turns=len(draft.continued),
+            opening_passage=opening_passage(draft.history, draft.continued, kept),
         )
 
-    def _layout(
+    def _cleaned(
         self,
-        system_prompt: str,
-        style: AnswerStyle,
-        history: Sequence[Turn],
-        source_tokens: Sequence[int],
-    ) -> PromptLayout:
+        conversation: Conversation,
+        retrieval: Retrieval,
+        plan: CompressionPlan,
+        degraded: str | None,
+    ) -> _Draft:
+        """Step 1, clean: the question, history and passages cleared of the tokenizer's
+        control strings, and the plan, uncompressed where this preparer cannot follow it."""
+        chunks, no_sentences = self._context_chunks(retrieval)
+        if reason := self._unmet_need(plan, no_sentences):
+            plan, degraded = replace(plan, method=NO_COMPRESSION), degraded or reason
+        system_prompt = self._system_prompts[conversation.answer_style]
+        return _Draft(
+            question=neutralize(conversation.question, self._reserved).strip(),
+            style=conversation.answer_style,
+            system_prompt=system_prompt,
+            scope=turn_scope(retrieval.collection, system_prompt),
+            whole_history=self._cleaned_turns(conversation.history),
+            chunks=chunks,
+            plan=plan,
+            degraded=degraded,
+        )
+
+    def _fit_history(self, draft: _Draft, max_output_tokens: int) -> None:
+        """Step 2, fit history: the newest turns within the history budget, fewer while the
+        context window leaves the sources no room; what the sources then have left."""
+        draft.history, draft.fixed_tokens, draft.budget = self._fit_to_window(
+            draft.system_prompt,
+            draft.question,
+            self._fit_cleaned(draft.whole_history),
+            max_output_tokens,
+        )
+
+    def _continue(self, draft: _Draft, max_output_tokens: int) -> None:
+        """Step 3, continue: a follow-up's earlier questions go as they were sent, and the
+        sentences they showed are not sent again (prepare.continuation), where they fit."""
+        found = self._continuation(draft, max_output_tokens)
+        if found is not None:
+            draft.history, draft.continued, draft.shown_before = (
+                found.history,
+                found.turns,
+                found.shown,
+            )
+            draft.fixed_tokens, draft.budget = found.fixed_tokens, found.room
+            draft.chunks, draft.shown = found.new, found.old
+
+    def _check_room(self, draft: _Draft, max_output_tokens: int) -> None:
+        if draft.budget <= 0:
+            raise PromptTooLongError(
+                f"the question ({draft.fixed_tokens} prompt tokens with the system prompt) and "
+                f"max_tokens={max_output_tokens} exceed the model's {self._max_model_len}-token "
+                "context"
+            )
+
+    def _decided(self, draft: _Draft, tokens_before: int) -> CompressionDecision | None:
+        """Step 4a, under `auto`: whether compressing pays, by the cost model; the plan is
+        left uncompressed where it does not."""
+        plan = draft.plan
+        if plan.policy != "auto" or plan.method == NO_COMPRESSION:
+            return None
+        uncached_fixed = draft.fixed_tokens - self.system_prompt_tokens[draft.style]
+        decision = self._decide(
+            plan, tokens_before, len(draft.chunks), draft.budget, uncached_fixed
+        )
+        if not decision.compress:
+            draft.plan = replace(plan, method=NO_COMPRESSION)
+        return decision
+
+    def _compressed(self, draft: _Draft, retrieval: Retrieval) -> list[ContextChunk]:
+        """Step 4b, compress: the passages as the plan's method keeps them, less what a
+        continued follow-up's earlier turns showed."""
+        compressed = compress_chunks(
+            draft.plan,
+            draft.question,
+            retrieval.question_embedding,
+            draft.chunks,
+            self._count,
+            self._chunk_compressor,
+            self._sentence_prefilter_rate,
+        )
+        if draft.shown_before:  # what compression kept of a passage shown before: its new sentences
+            compressed, all_shown = without_shown(compressed, draft.shown_before)
+            draft.shown += all_shown
+        return compressed
+
+    def _remember(
+        self, draft: _Draft, kept: Sequence[ContextChunk], message: dict[str, str]
+    ) -> None:
+        """Remember the user message this question was sent as, for its follow-ups."""
+        assert self._sent_turns is not None
+        sent = {chunk.chunk_id: frozenset(chunk.sentences) for chunk in kept if chunk.sentences}
+        self._sent_turns.remember(
+            turn_key(draft.scope, draft.whole_history, draft.question),
+            SentTurn(message["content"], sent, kept[0].chunk_id if kept else ""),
+        )
+        # A follow-up's history holds this message: counted while the answer is made.
+        self._chat_tokens.count_ahead(dict(message))
+
+    def _layout(self, draft: _Draft, kept: Sequence[ContextChunk]) -> PromptLayout:
         """Token counts of the prompt's parts (build_messages' order): the system message,
         the earlier turns, and the opening of the last user message through its sources
-        (each source as rendered, and the newlines that join them: the sum matched one
-        count of the whole block on 300 SQuAD source sets, so the block is not tokenized
-        again)."""
-        system = self._system_part_tokens[style]
+        (each source as rendered in its tags, and the newlines that join them: the sum
+        matched one count of the whole block on 300 SQuAD source sets, so the block is not
+        tokenized again)."""
+        system = self._system_part_tokens[draft.style]
         with_history = system
-        if history:
-            messages = [{"role": "system", "content": system_prompt}, *history_messages(history)]
+        if draft.history:
+            opening = {"role": "system", "content": draft.system_prompt}
+            messages = [opening, *history_messages(draft.history)]
             with_history = self._chat_tokens.count(messages, False)
         passages = 0
-        if source_tokens:
-            joins = (len(source_tokens) - 1) * self._source_join_tokens
-            passages = self._sources_opening_tokens + sum(source_tokens) + joins
+        if kept:
+            count = self._count
+            tagged = sum(count(c.text) + count(render_context([replace(c, text="")])) for c in kept)
+            joins = (len(kept) - 1) * self._source_join_tokens
+            passages = self._sources_opening_tokens + tagged + joins
         return PromptLayout(system, with_history - system, passages)
 
     def _context_chunks(self, retrieval: Retrieval) -> tuple[list[ContextChunk], str | None]:
