@@ -108,9 +108,6 @@ class IngressConfig(StrictModel):
         description="Per API key (per client address without keys), per ingress replica: "
         "past it, 429 with Retry-After. Unset: no limit.",
     )
-    readiness_refresh_s: float = Field(
-        2.0, gt=0, description="How often the ingress asks Serve which stages are running."
-    )
     deployment: IngressServeOptions = deployment_field(INGRESS_SERVE_OPTIONS, "ingress")
 
 
@@ -138,12 +135,9 @@ class RagAppConfig(StrictModel):
 
     def preparation_options(self) -> PreparationOptions:
         """What the compressor's and the ingress's prompt preparers are tuned by."""
-        reuse = self.compression.reuse
         return PreparationOptions(
             sentence_prefilter_rate=self.compression.sentence_prefilter_rate,
             history_max_tokens=self.conversation.history_max_tokens,
-            skip_shown_turns=reuse.skip_shown_turns,
-            resend_top_passages=reuse.resend_top_passages,
         )
 
     def in_flight_limit(self) -> int:

@@ -29,7 +29,7 @@ from typing import Any
 from bench.client import warm_up
 from generation.cpuinfo import read_cpuinfo
 from harness.service import ROOT, RunningService, free_port, started_service
-from harness.variant import write_variant
+from harness.variant import first_application, write_variant
 
 logger = logging.getLogger(__name__)
 
@@ -99,9 +99,24 @@ def reader(model_id: str) -> dict[str, object]:
     return {"generator.model_id": model_id, "generator.model_source": f".models/{model_id}"}
 
 
-# The tests' reader (SmolLM2-135M): starts in seconds, for labs that measure what is in front
-# of the generator, and the reader the stored figures of the older plans were read by.
-SMOLLM2_GENERATOR = reader("smollm2-135m-instruct")
+def _smollm2_cost_model() -> dict[str, object]:
+    """SmolLM2's `auto` cost model as dotted overrides: what the profiles that serve it ship
+    (serve_config.scale.yaml), and what its stored figures ran with (the default is the
+    1.5B's)."""
+    args = first_application(ROOT / "serve_config.scale.yaml")[1]["args"]
+    model = args["compression"]["cost_model"]
+    overrides: dict[str, object] = {}
+    for key, value in model.items():
+        inner = value.items() if isinstance(value, dict) else [(None, value)]
+        for name, number in inner:
+            overrides[".".join(filter(None, ("compression.cost_model", key, name)))] = number
+    return overrides
+
+
+# The tests' reader (SmolLM2-135M), with its cost model: starts in seconds, for labs that
+# measure what is in front of the generator, and the reader the stored figures of the older
+# plans were read by.
+SMOLLM2_GENERATOR = {**reader("smollm2-135m-instruct"), **_smollm2_cost_model()}
 
 
 @contextmanager

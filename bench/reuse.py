@@ -14,27 +14,20 @@ reader the stored figures were read by (bench.suite.MEASURED_WITH, SmolLM2 in fp
 - naive: prefix caching off, no compression;
 - today: the service's pipeline (sentence selection, the `auto` policy) with
   `compression.reuse` off (the service's default until 2026-12-06);
-- reuse: the same, with `compression.reuse` on, a continued follow-up leaving out every
-  sentence an earlier turn showed (`skip_shown_turns: null`);
-- reuse-repeat: reuse whose continued follow-ups send this turn's passages as compressed,
-  even the sentences earlier turns showed (`compression.reuse.skip_shown_turns: 0`);
-- reuse-last1: reuse whose continued follow-ups leave out only what the turn before showed
-  (`compression.reuse.skip_shown_turns: 1`), their top passage included (the service's
-  default until 2026-12-06);
-- reuse-top1: reuse-last1 whose continued follow-ups send their top passage as compressed
-  even where the turn before showed it (`compression.reuse.resend_top_passages: 1`; the
-  service's default for follow-ups since);
 - reuse-conv: `compression.reuse` as the service ships it: a question without history goes
-  as today's, follow-ups as reuse-top1's;
-- reuse-2c, reuse-2c-conv: reuse over two compressor replicas, under Serve's default router
-  and under the conversation router (`compression.request_router`).
-Runs before 2026-12-07 (v1-v24) also opened a question without history with a one-passage
-path (`compression.reuse.path_passages: 1`), since retired (docs/retired.md); the settings
-named here now run without it.
-`today` and `reuse` run twice, in the order today, reuse, reuse, today, so drift over the
-run falls on both; naive once, last. Every request's record is stored; the report pairs
-requests across settings (same questions in the same order) and gives the median
-per-request TTFT ratio with a 95% bootstrap interval.
+  as today's; a follow-up continues the prompts before it, leaving out what the turn before
+  showed but its top passage;
+- reuse-2c, reuse-2c-conv: reuse-conv over two compressor replicas, under Serve's default
+  router and under the conversation router (`compression.request_router`);
+- reuse-conv-2g and its variants: over the scale profile's two generators, by router.
+The stored runs (docs/results/reuse/) also measured layouts since retired with their
+settings (docs/retired.md): a one-passage path for questions without history (v1-v24), and
+follow-ups leaving out what any turn showed (`reuse`), nothing (`reuse-repeat`), or what the
+last turn showed without sending the top passage again (`reuse-last1`).
+By default `today` and `reuse-conv` run twice, in the order today, reuse-conv, reuse-conv,
+today, so drift over the run falls on both; naive once, last. Every request's record is
+stored; the report pairs requests across settings (same questions in the same order) and
+gives the median per-request TTFT ratio with a 95% bootstrap interval.
 """
 
 from __future__ import annotations
@@ -126,20 +119,9 @@ class Setting:
     reuse: bool | None
 
 
-# The layouts as the stored runs of them were served: before 2026-12-06's default of
-# resend_top_passages 1, a follow-up's top passage was left out like any other shown one.
-NO_RESEND: dict[str, object] = {"compression.reuse.resend_top_passages": 0}
-LEAVE_OUT_ALL_SHOWN: dict[str, object] = {
-    "compression.reuse.skip_shown_turns": None,
-    **NO_RESEND,
-}
-LAST_TURN_SHOWN: dict[str, object] = {
-    "compression.reuse.skip_shown_turns": 1,
-    **NO_RESEND,
-}
-RESEND_TOP: dict[str, object] = {"compression.reuse.resend_top_passages": 1}
+# Two compressor replicas, each remembering only the turns it prepared; their scheduling
+# label lowered so that both fit the 2-core default beside the generator.
 TWO_COMPRESSORS: dict[str, object] = {
-    **LEAVE_OUT_ALL_SHOWN,
     "compression.deployment.num_replicas": 2,
     "compression.deployment.ray_actor_options.num_cpus": 0.2,
 }
@@ -170,26 +152,17 @@ SETTINGS = {
         "naive", {"generator.engine_kwargs.enable_prefix_caching": False}, "none", False
     ),
     "today": Setting("today", {}, None, False),
-    # Leaving out every sentence an earlier turn showed, as every stored run named reuse did
-    # (the service's default until 2026-12-06, now skip_shown_turns: 1).
-    "reuse": Setting("reuse", LEAVE_OUT_ALL_SHOWN, None, True),
-    # Conversations continued, this turn's passages sent as compressed even where earlier
-    # turns showed them (compression.reuse.skip_shown_turns: 0).
-    "reuse-repeat": Setting("reuse-repeat", {"compression.reuse.skip_shown_turns": 0}, None, True),
-    # Conversations continued, leaving out only what the previous turn showed: what older
-    # turns showed goes again, beside the question (compression.reuse.skip_shown_turns: 1),
-    # the top passage left out like any other (resend_top_passages: 0).
-    "reuse-last1": Setting("reuse-last1", LAST_TURN_SHOWN, None, True),
-    # reuse-last1, and the question's top passage sent beside it even where the previous
-    # turn showed it (compression.reuse.resend_top_passages: 1).
-    "reuse-top1": Setting("reuse-top1", {**LAST_TURN_SHOWN, **RESEND_TOP}, None, True),
-    # The shipped reuse: a question without history in today's layout, follow-ups as
-    # reuse-top1's.
+    # The shipped reuse: a question without history in today's layout, a follow-up
+    # continuing the prompts before it.
     "reuse-conv": Setting("reuse-conv", {}, None, True),
-    # Two compressor replicas, each remembering only the turns it prepared: Serve's default
-    # router against the conversation router (deployments.conversation_router). Their
-    # scheduling label lowered so that both fit the 2-core default beside the generator.
-    "reuse-2c": Setting("reuse-2c", TWO_COMPRESSORS, None, True),
+    # Two compressor replicas: Serve's default router against the conversation router
+    # (deployments.conversation_router).
+    "reuse-2c": Setting(
+        "reuse-2c",
+        {**TWO_COMPRESSORS, "compression.request_router.kind": "power_of_two"},
+        None,
+        True,
+    ),
     "reuse-2c-conv": Setting(
         "reuse-2c-conv",
         {**TWO_COMPRESSORS, "compression.request_router.kind": "conversation_affinity"},
@@ -229,7 +202,8 @@ SETTINGS = {
         True,
     ),
 }
-# Pairs the report compares, where both sides ran.
+# Pairs the report compares, where both sides ran (the stored runs' settings included, so
+# that --report-only renders them again).
 COMPARISONS = (
     ("reuse", "today"),
     ("reuse-repeat", "today"),
@@ -264,7 +238,7 @@ _LOG_LAG_S = 3.0
 # cluster]" line, which would hide calls and their replicas from the count: off for the
 # services this lab starts (they inherit its environment).
 DEDUP_OFF = {"RAY_DEDUP_LOGS": "0"}
-ORDER = ("today", "reuse", "reuse", "today", "naive")
+ORDER = ("today", "reuse-conv", "reuse-conv", "today", "naive")
 PHASES = ("skewed-c1", "skewed-c4", "uniform-c1")
 CONVERSATION_PHASES = ("conversation-c1", "conversation-c4")
 

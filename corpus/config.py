@@ -52,13 +52,6 @@ class CollectionsConfig(StrictModel):
         ge=0,
         description="How long a superseded version stays on disk for queries still reading it.",
     )
-    refresh_s: float = Field(
-        0.5,
-        gt=0,
-        description="How often each retriever and compressor replica looks for a new version "
-        "of the collections it serves and opens it off the query path (queries read CURRENT "
-        "themselves either way: this only spares them the wait).",
-    )
     max_upload_bytes: int = Field(
         33_554_432, ge=1024, description="Largest documents upload (JSON or multipart) body."
     )

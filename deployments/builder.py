@@ -170,5 +170,7 @@ VLLM_ONLY_FIELDS = ("engine_kwargs", "placement_bundles", "env_vars", "accelerat
 
 
 def vllm_only_settings(generator: GeneratorConfig) -> list[str]:
-    """The vLLM-in-Ray settings `generator` sets, which another engine ignores."""
-    return [name for name in VLLM_ONLY_FIELDS if getattr(generator, name)]
+    """The vLLM-in-Ray settings `generator` sets beyond their defaults, which another engine
+    ignores."""
+    defaults = GeneratorConfig.model_fields
+    return [name for name in VLLM_ONLY_FIELDS if getattr(generator, name) != defaults[name].default]

@@ -15,7 +15,7 @@ import time
 from app.config import RagAppConfig
 from corpus.catalog import SentenceStoreCatalog
 from corpus.collection_store import CollectionStore
-from deployments.version_refresh import VersionRefresher
+from deployments.version_refresh import VERSION_REFRESH_S, VersionRefresher
 from pipeline.config_base import PROJECT_ROOT, resolve_path
 from pipeline.log import get_logger
 from pipeline.messages import (
@@ -55,7 +55,7 @@ class CompressorDeployment:
             else None
         )
         self._refresher = (
-            VersionRefresher(collections.refresh, config.collections.refresh_s)
+            VersionRefresher(collections.refresh, VERSION_REFRESH_S)
             if collections is not None
             else None
         )

@@ -18,7 +18,7 @@ from corpus.catalog import CollectionEmpty, RetrieverCatalog
 from corpus.collection_store import CollectionNotFound, CollectionStore, InvalidCollectionName
 from corpus.config import CollectionsConfig
 from deployments.collection_metrics import VersionLoadMetrics
-from deployments.version_refresh import VersionRefresher
+from deployments.version_refresh import VERSION_REFRESH_S, VersionRefresher
 from pipeline.config_base import PROJECT_ROOT, resolve_path
 from pipeline.log import get_logger
 from pipeline.messages import (
@@ -73,7 +73,7 @@ class RetrieverDeployment:
             on_load=VersionLoadMetrics().observe_load if store is not None else None,
         )
         self._refresher = (
-            VersionRefresher(self._catalog.refresh, collections.refresh_s)
+            VersionRefresher(self._catalog.refresh, VERSION_REFRESH_S)
             if store is not None and collections is not None
             else None
         )

@@ -16,6 +16,9 @@ from pipeline.log import get_logger
 
 logger = get_logger(__name__)
 
+# How often each replica looks for a new version of the collections it serves.
+VERSION_REFRESH_S = 0.5
+
 
 class VersionRefresher:
     def __init__(self, refresh: Callable[[], object], interval_s: float) -> None:

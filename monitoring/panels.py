@@ -471,7 +471,7 @@ COLLECTIONS = RowSpec(
             "Version load time",
             "Time a retriever replica took to open a collection's newly published version, "
             "p95: mostly in the background; a query waits for it only when it arrives "
-            "before the background opening (collections.refresh_s).",
+            "before the background opening (every 0.5 s: VERSION_REFRESH_S).",
             "ms",
             (
                 Line(

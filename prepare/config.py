@@ -45,14 +45,14 @@ CompressorServeOptions = Annotated[
 
 
 class CompressorRouterConfig(StrictModel):
-    kind: Literal["power_of_two", "conversation_affinity"] = Field(
-        "power_of_two",
-        description="How the ingress picks a compressor replica: Serve's default (the less "
-        "loaded of two random replicas), or conversation_affinity "
+    kind: Literal["conversation_affinity", "power_of_two"] = Field(
+        "conversation_affinity",
+        description="How the ingress picks a compressor replica: conversation_affinity "
         "(deployments.conversation_router: every question of a conversation to the replica "
-        "a hash of its opening question points at, while loads are balanced). Each replica "
+        "a hash of its opening question points at, while loads are balanced; each replica "
         "remembers only the turns it prepared, so with compression.reuse and 2+ compressor "
-        "replicas a follow-up is continued only where its conversation was prepared.",
+        "replicas a follow-up is continued only where its conversation was prepared), or "
+        "power_of_two (Serve's default: the less loaded of two random replicas).",
     )
     imbalanced_threshold: float | None = Field(
         2.0,
@@ -78,9 +78,6 @@ class LLMLinguaConfig(StrictModel):
         "classifier, e.g. microsoft/llmlingua-2-xlm-roberta-large-meetingbank).",
     )
     use_llmlingua2: bool = Field(False, description="Use LLMLingua-2 token classification.")
-    rank_method: Literal["longllmlingua", "llmlingua"] = Field(
-        "longllmlingua", description="Question-aware LongLLMLingua or plain LLMLingua."
-    )
     device: str = Field("cpu", description="Device map for the scorer ('cpu', 'cuda').")
     dtype: Literal["float32", "bfloat16"] = Field(
         "float32", description="Scorer weights' dtype (bfloat16 pays only with AMX/AVX512-BF16)."
@@ -95,7 +92,6 @@ class LLMLinguaConfig(StrictModel):
             model_path=resolve_model_reference(self.model, PROJECT_ROOT),
             options=LLMLinguaOptions(
                 use_llmlingua2=self.use_llmlingua2,
-                rank_method=self.rank_method,
             ),
             device=self.device,
             dtype=self.dtype,
@@ -110,23 +106,24 @@ class CompressorCostConfig(StrictModel):
 
 class CostModelConfig(StrictModel):
     """Coefficients of prepare.cost_model, fitted per generator and machine by
-    `python -m bench.context_sweep`. The defaults are the fits stored in
-    docs/results/context-llmlingua/cost_model.json (prefill, LLMLingua) and
-    docs/results/context-sentences/cost_model.json (sentence selection), made on the
-    2-core CPU default (SmolLM2-135M fp32 generator and LLMLingua scorer); a test holds
-    them equal (tests/unit/prepare/test_prepare_shipped_cost_model.py)."""
+    `python -m bench.context_sweep`. The defaults are the fit for the reader `make run`
+    serves (Qwen2.5-Coder-1.5B, fp32, on a 2-core AVX2 CPU): its prefill and sentence
+    selection from docs/results/context-sentences-15b/cost_model.json, LLMLingua's own time
+    (its SmolLM2 scorer, whatever the reader) from docs/results/context-llmlingua; a test
+    holds them equal (tests/unit/prepare/test_prepare_shipped_cost_model.py). Refit on other
+    hardware or for another reader (docs/configuration.md)."""
 
     prefill_ms_per_token: float = Field(
-        1.8198, ge=0, description="Generator prefill milliseconds per uncached prompt token."
+        37.3143, ge=0, description="Generator prefill milliseconds per uncached prompt token."
     )
     prefill_ms_per_token_squared: float = Field(
-        0.0001412,
+        0.0032097,
         ge=0,
         description="Quadratic term of prefill time (attention) per token squared.",
     )
     sentences: CompressorCostConfig = Field(
-        CompressorCostConfig(ms_per_token=0.0058, ms_per_chunk=0.21),
-        description="Sentence selection's own time (the CPU profile's fit, docs/benchmarks.md).",
+        CompressorCostConfig(ms_per_token=0.0122, ms_per_chunk=0.0),
+        description="Sentence selection's own time.",
     )
     llmlingua: CompressorCostConfig = Field(
         CompressorCostConfig(ms_per_token=2.8682, ms_per_chunk=356.1),
@@ -151,23 +148,6 @@ class ReuseConfig(StrictModel):
         "request): follow-ups continue the prompts before them; single questions go as "
         "without reuse (figures: docs/benchmarks.md, conversations).",
     )
-    skip_shown_turns: int | None = Field(
-        PREPARATION_DEFAULTS.skip_shown_turns,
-        ge=0,
-        description="A continued follow-up's retrieved passages leave out the sentences the "
-        "last this-many turns of its prompt showed, and send again what older turns showed, "
-        "so that evidence sits near the question; None leaves out what any turn showed "
-        "(the fewest tokens), 0 nothing (each one's figures: docs/benchmarks.md, "
-        "conversations).",
-    )
-    resend_top_passages: int = Field(
-        PREPARATION_DEFAULTS.resend_top_passages,
-        ge=0,
-        description="A continued follow-up's top this-many retrieved passages go beside "
-        "the question as its compression keeps them, even where the last turns showed "
-        "them, so its best evidence sits next to it (figures: docs/benchmarks.md, "
-        "conversations).",
-    )
     remembered_turns: int = Field(
         4096,
         ge=0,
@@ -188,7 +168,7 @@ class CompressionConfig(StrictModel):
         "token budget (`degraded` in the response). None waits for the request deadline.",
     )
     policy: CompressionPolicy = Field(
-        "always",
+        "auto",
         description="'always' applies the method; 'auto' applies it only when the cost model "
         "predicts a larger prefill saving than the compression costs, per request.",
     )

@@ -132,6 +132,10 @@ def write_config(folder: Path, adjust: Any = None) -> tuple[Path, int, dict[str,
     config["http_options"]["port"] = port
     application = config["applications"][0]
     application["args"]["generator"].update(TEST_READER)
+    # SmolLM2's cost model for `auto`, as the profiles that serve it ship it (the default is
+    # the 1.5B's).
+    scale = yaml.safe_load((ROOT / "serve_config.scale.yaml").read_text())["applications"][0]
+    application["args"]["compression"]["cost_model"] = scale["args"]["compression"]["cost_model"]
     application["args"]["collections"]["root"] = str(folder / "collections")
     if adjust is not None:
         adjust(application)

@@ -166,7 +166,8 @@ def test_query_returns_answer_sources_usage_and_timings(client, stages):
     # The question reaches the stages stripped, with the configured defaults.
     assert stages.called("retrieve") == [("How is KV stored?", 5)]
     [(question, plan, max_tokens)] = stages.called("prepare")
-    shipped_plan = CompressionPlan("sentences", reuse=True)  # compression.reuse is on
+    # The shipped defaults: sentence selection under `auto`, compression.reuse on.
+    shipped_plan = CompressionPlan("sentences", policy="auto", reuse=True)
     assert (question, plan, max_tokens) == ("How is KV stored?", shipped_plan, 128)
     [(messages, max_tokens, temperature)] = stages.called("generate")
     assert messages[0] == {"role": "system", "content": "system"}
@@ -178,19 +179,22 @@ def test_query_returns_answer_sources_usage_and_timings(client, stages):
     [
         (
             {"compression": {"method": "none", "target_tokens": 50}},
-            CompressionPlan("none", 0.5, 50, reuse=True),
+            CompressionPlan("none", 0.5, 50, "auto", reuse=True),
         ),
-        ({"compression": {"rate": 0.3}}, CompressionPlan("sentences", 0.3, None, reuse=True)),
+        (
+            {"compression": {"rate": 0.3}},
+            CompressionPlan("sentences", 0.3, None, "auto", reuse=True),
+        ),
         (
             {"compression": {"method": "llmlingua"}},
-            CompressionPlan("llmlingua", 0.5, None, reuse=True),
-        ),
-        (
-            {"compression": {"method": "llmlingua", "policy": "auto"}},
             CompressionPlan("llmlingua", 0.5, None, "auto", reuse=True),
         ),
+        (
+            {"compression": {"method": "llmlingua", "policy": "always"}},
+            CompressionPlan("llmlingua", 0.5, None, "always", reuse=True),
+        ),
         # compression.reuse is on unless the request turns it off.
-        ({"compression": {"reuse": False}}, CompressionPlan("sentences", reuse=False)),
+        ({"compression": {"reuse": False}}, CompressionPlan("sentences", policy="auto")),
     ],
 )
 def test_request_options_reach_the_stages(client, stages, options, plan):
@@ -224,7 +228,7 @@ def test_retrieval_options_reach_the_retriever(client, stages, retrieval, search
 
 def test_retrieval_options_ride_on_the_chat_endpoints_rag_field(client, stages):
     body = {
-        "model": "smollm2-135m-instruct",
+        "model": RagAppConfig().generator.model_id,
         "messages": [{"role": "user", "content": "Q?"}],
         "rag": {"retrieval": {"mode": "hybrid"}},
     }
@@ -568,7 +572,7 @@ def test_models_lists_the_served_model(client):
         "object": "list",
         "data": [
             {
-                "id": "smollm2-135m-instruct",
+                "id": RagAppConfig().generator.model_id,
                 "object": "model",
                 "created": 1_700_000_000,
                 "owned_by": "rag-serve",

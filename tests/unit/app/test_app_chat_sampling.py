@@ -10,6 +10,7 @@ import json
 import openai
 import pytest
 
+from app.config import RagAppConfig
 from pipeline.messages import (
     DEFAULT_SAMPLING,
     FinishEvent,
@@ -20,7 +21,7 @@ from pipeline.messages import (
     TokenUsage,
 )
 
-MODEL = "smollm2-135m-instruct"
+MODEL = RagAppConfig().generator.model_id
 CHAT = "/v1/chat/completions"
 SCHEMA = {"type": "object", "properties": {"a": {"type": "string"}}, "required": ["a"]}
 

@@ -35,13 +35,19 @@ def test_values_are_parsed_into_the_tree():
     config = parse_config(
         {
             "retriever": {"nprobe": 8, "deployment": {"autoscaling_config": {"max_replicas": 3}}},
-            "generator": {"engine_kwargs": {"enable_prefix_caching": True}},
+            "generator": {"engine_kwargs": {"max_num_seqs": 4, "enforce_eager": None}},
         }
     )
 
     assert config.retriever.nprobe == 8
     assert config.retriever.deployment["autoscaling_config"] == {"max_replicas": 3}
-    assert config.generator.engine_kwargs == {"enable_prefix_caching": True}
+    # engine_kwargs are laid over the CPU default's; a key given null drops a default.
+    assert config.generator.engine_kwargs == {
+        "dtype": "fastest",
+        "enable_prefix_caching": True,
+        "enable_prompt_tokens_details": True,
+        "max_num_seqs": 4,
+    }
 
 
 @pytest.mark.parametrize(
@@ -340,10 +346,7 @@ def test_the_preparers_options_come_from_the_config():
 
     config = RagAppConfig.model_validate(
         {
-            "compression": {
-                "sentence_prefilter_rate": 0.25,
-                "reuse": {"skip_shown_turns": None, "resend_top_passages": 2},
-            },
+            "compression": {"sentence_prefilter_rate": 0.25},
             "conversation": {"history_max_tokens": 64},
         }
     )
@@ -351,7 +354,5 @@ def test_the_preparers_options_come_from_the_config():
     assert config.preparation_options() == PreparationOptions(
         sentence_prefilter_rate=0.25,
         history_max_tokens=64,
-        skip_shown_turns=None,
-        resend_top_passages=2,
     )
     assert RagAppConfig().preparation_options() == PREPARATION_DEFAULTS

@@ -14,7 +14,7 @@ from pipeline.messages import Conversation, Turn
 
 QUERY = "/v1/rag/query"
 CHAT = "/v1/chat/completions"
-MODEL = "smollm2-135m-instruct"
+MODEL = RagAppConfig().generator.model_id
 HISTORY = [
     {"role": "user", "content": "What is continuous batching?"},
     {"role": "assistant", "content": "Requests join the batch at every step."},

@@ -11,6 +11,7 @@ from app_fakes import FakeStages, make_state
 from fastapi.testclient import TestClient
 
 from app.api import create_api
+from app.config import RagAppConfig
 from app.keys import ADMIN, Grant, KeyFileError, grant_of, load_key_file, path_refusal
 from app.settings import Settings, UnsafeSettingsError, load_settings
 
@@ -241,7 +242,7 @@ def test_queries_need_read_on_the_collection_and_every_key_reads_the_default(htt
     chat = http.post(
         "/v1/chat/completions",
         json={
-            "model": "smollm2-135m-instruct",
+            "model": RagAppConfig().generator.model_id,
             "messages": [{"role": "user", "content": "Q?"}],
             "rag": {"collection": "secret"},
         },

@@ -10,11 +10,12 @@ import json
 import openai
 import pytest
 
+from app.config import RagAppConfig
 from app.openai_format import conversation_of
 from app.schemas import ChatCompletionRequest
 from pipeline.messages import ErrorEvent, StageError, TokenEvent, Turn
 
-MODEL = "smollm2-135m-instruct"
+MODEL = RagAppConfig().generator.model_id
 ANSWER = "Paged attention stores KV in blocks [kv#0]."
 CHAT = "/v1/chat/completions"
 

@@ -12,9 +12,10 @@ import openai
 import pytest
 from app_fakes import EMBEDDING_MODEL
 
+from app.config import RagAppConfig
 from pipeline.messages import ErrorEvent, StageError, TokenEvent, Turn
 
-MODEL = "smollm2-135m-instruct"
+MODEL = RagAppConfig().generator.model_id
 ANSWER = "Paged attention stores KV in blocks [kv#0]."
 RESPONSES = "/v1/responses"
 

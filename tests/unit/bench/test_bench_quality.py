@@ -541,11 +541,11 @@ def test_write_variant_applies_nested_overrides_and_sets_the_port(tmp_path):
     args = document["applications"][0]["args"]
     assert args["retriever"]["index_path"] == "indexes/squad-dev"
     assert args["retriever"]["nprobe"] == 4
-    assert args["retriever"]["default_top_k"] == 5  # siblings kept
+    assert args["retriever"]["embedding"]["model"].startswith("python-package:")  # siblings kept
     assert args["generator"]["model_id"] == "qwen"
     assert args["generator"]["model_source"] == ".models/qwen2.5-0.5b-instruct"
     assert args["generator"]["engine_kwargs"]["dtype"] == "bfloat16"
-    assert args["generator"]["engine_kwargs"]["enable_prefix_caching"] is True
+    assert args["generator"]["engine_kwargs"] == {"dtype": "bfloat16"}  # over the defaults
     assert document["http_options"] == {"host": "127.0.0.1", "port": 8123}
     assert document["applications"][0]["import_path"] == "deployments.builder:build_app"
     assert parse_config(args).retriever.nprobe == 4

@@ -89,7 +89,7 @@ def test_each_setting_asks_what_it_stands_for():
     plan = phases(squad(40), requests=4, paragraphs=10, exponent=1.0, uniform=2, seed=0)
 
     naive, today, reuse = (
-        specs(plan[0], SETTINGS[name])[0] for name in ("naive", "today", "reuse")
+        specs(plan[0], SETTINGS[name])[0] for name in ("naive", "today", "reuse-conv")
     )
     assert (naive.compression_method, naive.compression_reuse) == ("none", False)
     assert (today.compression_method, today.compression_reuse) == (None, False)
@@ -101,25 +101,9 @@ def test_each_setting_asks_what_it_stands_for():
         assert (setting.method, setting.reuse) == (None, False)
     two, routed = SETTINGS["reuse-2c"], SETTINGS["reuse-2c-conv"]
     assert two.overrides["compression.deployment.num_replicas"] == 2
-    assert routed.overrides == {
-        **two.overrides,
-        "compression.request_router.kind": "conversation_affinity",
-    }
+    assert two.overrides["compression.request_router.kind"] == "power_of_two"
+    assert routed.overrides["compression.request_router.kind"] == "conversation_affinity"
     assert two.reuse and routed.reuse
-    # reuse means what it meant in every stored run: leave out whatever any turn showed.
-    # (and the top passage, since the default sends it again, left out like any other).
-    no_resend = {"compression.reuse.resend_top_passages": 0}
-    assert SETTINGS["reuse"].overrides == {
-        "compression.reuse.skip_shown_turns": None,
-        **no_resend,
-    }
-    assert SETTINGS["reuse-repeat"].overrides == {"compression.reuse.skip_shown_turns": 0}
-    last1 = SETTINGS["reuse-last1"].overrides
-    assert last1 == {"compression.reuse.skip_shown_turns": 1, **no_resend}
-    assert SETTINGS["reuse-top1"].overrides == {
-        **last1,
-        "compression.reuse.resend_top_passages": 1,
-    }
     conv = SETTINGS["reuse-conv"]
     assert conv.overrides == {} and conv.reuse  # the service as shipped
 
@@ -346,7 +330,7 @@ def test_a_follow_up_carries_the_questions_and_the_services_answers_before_it(mo
     (phase, _) = conversation_phases([story("s0", 3), story("s1", 3)], 1, 3, seed=0)
 
     answers = reuse_module.Answers(max_tokens=48, style="short")
-    records = asyncio.run(reuse_module._converse(None, phase, SETTINGS["reuse"], answers))
+    records = asyncio.run(reuse_module._converse(None, phase, SETTINGS["reuse-conv"], answers))
 
     first, second, third = sent
     assert first.history == () and first.compression_reuse is True

@@ -98,9 +98,12 @@ def test_serve_refuses_an_option_it_does_not_know():
 
 
 def test_generator_config_asks_no_gpus_through_actor_options():
-    generator = GeneratorConfig(
+    generator = GeneratorConfig(  # a GPU replica: the CPU defaults dropped
+        model_id="some-model",
         model_source="org/some-model",
-        engine_kwargs={"dtype": "half"},
+        engine_kwargs={"dtype": "half", "enforce_eager": None},
+        placement_bundles=None,
+        env_vars={"VLLM_CPU_KVCACHE_SPACE": None},
         deployment={"ray_actor_options": {"num_cpus": 2, "resources": {"gpu_node": 0.01}}},
     )
 
@@ -112,10 +115,16 @@ def test_generator_config_asks_no_gpus_through_actor_options():
     }
     assert llm["deployment_config"]["backpressure_config"]["retry_after_s"] == 3.0
     assert llm["model_loading_config"] == {
-        "model_id": "smollm2-135m-instruct",
+        "model_id": "some-model",
         "model_source": "org/some-model",
     }
-    assert llm["engine_kwargs"] == {"dtype": "half", "max_model_len": 2048}
+    assert llm["engine_kwargs"] == {
+        "dtype": "half",
+        "enable_prefix_caching": True,
+        "enable_prompt_tokens_details": True,
+        "max_num_seqs": 16,
+        "max_model_len": 2048,
+    }
     assert llm["log_engine_metrics"] is True
     assert {"accelerator_type", "placement_group_config", "runtime_env"}.isdisjoint(llm)
 
@@ -165,10 +174,9 @@ def test_conversation_affinity_routes_compressor_calls_with_the_projects_router(
         "request_router_class": CONVERSATION_AFFINITY_ROUTER,
         "request_router_kwargs": {"max_queue_gap": max_queue_gap},
     }
-    # Serve's default router unless asked: the options are the replica config's alone.
-    assert compressor_options(CompressionConfig()) == deployment_options(
-        CompressionConfig().deployment
-    )
+    # Serve's default router when asked: the options are the replica config's alone.
+    p2c = CompressionConfig(request_router={"kind": "power_of_two"})
+    assert compressor_options(p2c) == deployment_options(p2c.deployment)
 
 
 @pytest.mark.parametrize(
@@ -284,9 +292,10 @@ def test_vllm_only_settings_are_named_for_another_engine():
         engine="openai",
         openai={"base_url": "http://127.0.0.1:9/v1"},
         engine_kwargs={"dtype": "float32"},
-        env_vars={"VLLM_CPU_KVCACHE_SPACE": "1"},
+        env_vars={"VLLM_CPU_KVCACHE_SPACE": "2"},
     )
 
+    # Named where they differ from the defaults (the CPU default's engine settings).
     assert vllm_only_settings(generator) == ["engine_kwargs", "env_vars"]
     assert vllm_only_settings(GeneratorConfig(engine="paced")) == []
 
@@ -382,7 +391,7 @@ def test_each_stage_gets_the_options_its_yaml_asks_for(file):
     config = parse_config(args)
 
     for stage, replica_of in STAGES.items():
-        asked = args[stage].get("deployment", {})
+        asked = args.get(stage, {}).get("deployment", {})
         options = deployment_options(replica_of(config))
         for key, value in asked.items():
             if key == "ray_actor_options":

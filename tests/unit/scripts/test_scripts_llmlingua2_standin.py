@@ -237,6 +237,8 @@ def compressor_stage(standin: Path, index_dir: Path, **compression):
     config = parse_config(
         {
             "retriever": {"index_path": str(index_dir)},
+            # The serving tokenizer of the test suite's reader (make models ships it).
+            "generator": {"model_id": SERVING_MODEL.name, "model_source": str(SERVING_MODEL)},
             "compression": {"llmlingua": llmlingua, **compression},
             "citations": {"enabled": False},
         }
