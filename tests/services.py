@@ -161,7 +161,8 @@ def two_replicas_each(application: dict[str, Any]) -> None:
     # One largest upload in flight per key: the upload-budget test holds one open and sees
     # the next refused (shipped: two).
     collections = args["collections"]
-    collections["upload_bytes_in_flight_per_caller"] = collections["max_upload_bytes"]
+    largest = parse_config(args).collections.max_upload_bytes
+    collections["upload_bytes_in_flight_per_caller"] = largest
     # vLLM logs each request it takes and each it aborts: the disconnect test reads them.
     args["generator"].setdefault("engine_kwargs", {})["enable_log_requests"] = True
 

@@ -20,6 +20,7 @@ import pytest
 import yaml
 from services import read_http_reply
 
+from app.config import parse_config
 from harness.service import stop_process
 
 pytestmark = pytest.mark.integration
@@ -181,7 +182,7 @@ def test_overflowing_context_is_cut_to_the_token_budget(client, service):
     # 20 passages are about twice the 2,048-token context; the answer's room is reserved.
     body = ask(client, top_k=20, max_tokens=MAX_TOKENS_RESERVED, compression={"method": "none"})
     assert body["context_truncated"] is True
-    max_model_len = service.config["generator"]["max_model_len"]
+    max_model_len = parse_config(service.config).generator.max_model_len
     assert body["usage"]["prompt_tokens"] + MAX_TOKENS_RESERVED <= max_model_len
 
 
