@@ -35,6 +35,22 @@ def join_question(history: Sequence[Turn], question: str, user_turns: int) -> st
     return f"{recent} {question}" if recent else question
 
 
+# A rewrite needs the subject the follow-up points back to, which the opening of the recent
+# turns names: each is held to its first this many characters, so the rewrite's prompt is
+# bounded however long the conversation ran.
+REWRITE_TURN_MAX_CHARS = 600
+
+
+def recent_turns(history: Sequence[Turn], user_turns: int) -> tuple[Turn, ...]:
+    """The turns from the `user_turns`-th last user turn on (none with 0), each at most
+    REWRITE_TURN_MAX_CHARS long."""
+    starts = [i for i, turn in enumerate(history) if turn.role == "user"]
+    if user_turns <= 0 or not starts:
+        return ()
+    recent = history[starts[-min(user_turns, len(starts))] :]
+    return tuple(Turn(turn.role, turn.content[:REWRITE_TURN_MAX_CHARS]) for turn in recent)
+
+
 def rewrite_messages(
     system_prompt: str, history: Sequence[Turn], question: str
 ) -> list[dict[str, str]]:

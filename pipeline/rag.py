@@ -28,6 +28,7 @@ from pipeline.conversation import (
     ConversationSettings,
     join_question,
     read_rewrite,
+    recent_turns,
     rewrite_messages,
 )
 from pipeline.log import get_logger
@@ -394,13 +395,17 @@ class RagPipeline:
         if not query.history or query.retrieval_query == "last":
             return RetrievalQuery("last", query.question), 0.0
         settings = self._conversation
-        history = self._fit_history(query.history)
-        joined = join_question(history, query.question, settings.join_user_turns)
+        joined = join_question(query.history, query.question, settings.join_user_turns)
         if query.retrieval_query == "join":
             return RetrievalQuery("join", joined), 0.0
         started = time.perf_counter()
+        recent = recent_turns(query.history, settings.join_user_turns)
         request = GenerationRequest(
-            rewrite_messages(settings.rewrite_system_prompt, history, query.question),
+            rewrite_messages(
+                settings.rewrite_system_prompt,
+                [Turn(turn.role, self._cleaned(turn.content)) for turn in recent],
+                self._cleaned(query.question),
+            ),
             settings.rewrite_max_tokens,
             0.0,
             f"{query.request_id}-rewrite",
@@ -417,8 +422,9 @@ class RagPipeline:
             return RetrievalQuery("join", joined, rewrite_failed=True), rewrite_ms
         return RetrievalQuery("rewrite", rewritten), rewrite_ms
 
-    def _fit_history(self, history: tuple[Turn, ...]) -> tuple[Turn, ...]:
-        return self._fallback.fit_history(history) if self._fallback is not None else history
+    def _cleaned(self, text: str) -> str:
+        """`text` cleared of control strings, for a prompt no preparer builds (a rewrite's)."""
+        return self._fallback.cleaned(text) if self._fallback is not None else text
 
     async def _generated_text(self, request: GenerationRequest) -> str | None:
         """The whole text of one generation, or None when the generator refused it."""

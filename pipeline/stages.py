@@ -22,7 +22,6 @@ from pipeline.messages import (
     Retrieval,
     SearchOptions,
     StageError,
-    Turn,
 )
 
 StageName = Literal["retriever", "compressor", "generator", "writer"]
@@ -70,10 +69,10 @@ class Stages(Protocol):
 
 
 class FallbackPreparer(Protocol):
-    """Builds the uncompressed, budgeted prompt when the compressor stage cannot, and cuts
-    a conversation's history to its token budget."""
+    """Builds the uncompressed, budgeted prompt when the compressor stage cannot, and clears
+    text the pipeline sends the generator itself (a rewrite's) of control strings."""
 
-    def fit_history(self, history: Sequence[Turn]) -> tuple[Turn, ...]: ...
+    def cleaned(self, text: str) -> str: ...
 
     def prepare(
         self,

@@ -231,13 +231,13 @@ class PromptPreparer:
             get_method(method_name).needs_chunk_compressor
         )
 
-    def fit_history(self, history: Sequence[Turn]) -> tuple[Turn, ...]:
-        """The newest turns of `history` that fit the history token budget, oldest first,
-        starting with a user turn, their text cleared of the tokenizer's control strings."""
-        return self._fit_cleaned(self._cleaned_turns(history))
+    def cleaned(self, text: str) -> str:
+        """`text` cleared of the tokenizer's control strings and the source fences."""
+        return neutralize(text, self._reserved).strip()
 
-    def _fit_cleaned(self, history: tuple[Turn, ...]) -> tuple[Turn, ...]:
-        """fit_history of a history already cleaned (`_cleaned`)."""
+    def _newest_that_fit(self, history: tuple[Turn, ...]) -> tuple[Turn, ...]:
+        """The newest turns of a cleaned `history` that fit the history token budget,
+        oldest first, starting with a user turn."""
         kept: list[Turn] = []
         used = 0
         for turn in reversed(history):
@@ -249,7 +249,7 @@ class PromptPreparer:
         return _from_first_user_turn(reversed(kept))
 
     def _cleaned_turns(self, history: Sequence[Turn]) -> tuple[Turn, ...]:
-        return tuple(Turn(t.role, neutralize(t.content, self._reserved).strip()) for t in history)
+        return tuple(Turn(t.role, self.cleaned(t.content)) for t in history)
 
     def _continuation(self, draft: _Draft, max_output_tokens: int) -> _Continuation | None:
         """The draft's fitted history (a tail of the whole) continued (_Continuation);
@@ -376,7 +376,7 @@ class PromptPreparer:
             plan, degraded = replace(plan, method=NO_COMPRESSION), degraded or reason
         system_prompt = self._system_prompts[conversation.answer_style]
         return _Draft(
-            question=neutralize(conversation.question, self._reserved).strip(),
+            question=self.cleaned(conversation.question),
             style=conversation.answer_style,
             system_prompt=system_prompt,
             scope=turn_scope(retrieval.collection, system_prompt),
@@ -392,7 +392,7 @@ class PromptPreparer:
         draft.history, draft.fixed_tokens, draft.budget = self._fit_to_window(
             draft.system_prompt,
             draft.question,
-            self._fit_cleaned(draft.whole_history),
+            self._newest_that_fit(draft.whole_history),
             max_output_tokens,
         )
 

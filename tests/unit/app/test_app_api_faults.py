@@ -157,8 +157,8 @@ def test_retriever_unavailable_is_503_and_compressor_unavailable_degrades(stage)
         def __init__(self) -> None:
             self.calls: list[tuple] = []
 
-        def fit_history(self, history):
-            return tuple(history)
+        def cleaned(self, text):
+            return text
 
         def prepare(
             self, conversation, retrieval: Retrieval, plan: CompressionPlan, max_tokens, degraded

@@ -8,6 +8,7 @@ from pipeline.conversation import (
     JOIN_EARLIER_MAX_CHARS,
     join_question,
     read_rewrite,
+    recent_turns,
     rewrite_messages,
 )
 from pipeline.messages import Turn
@@ -45,6 +46,14 @@ def test_join_keeps_the_question_whole_and_only_the_end_of_long_earlier_turns():
 def test_join_skips_assistant_turns_and_blank_user_turns():
     history = (Turn("user", "  "), Turn("assistant", "ignored"))
     assert join_question(history, "Q?", 3) == "Q?"
+
+
+def test_recent_turns_run_from_the_last_user_turns_asked_for_to_the_end():
+    assert recent_turns(HISTORY, 1) == HISTORY[2:]
+    assert recent_turns(HISTORY, 2) == HISTORY
+    assert recent_turns(HISTORY, 5) == HISTORY  # fewer user turns than asked: all of them
+    assert recent_turns(HISTORY, 0) == ()
+    assert recent_turns((Turn("assistant", "Hello."),), 2) == ()
 
 
 def test_rewrite_messages_put_the_static_prompt_first_and_the_conversation_after():
