@@ -3,7 +3,7 @@
     python -m bench.quality prepare [--cache .cache/squad] [--index indexes/squad-dev]
     python -m bench.quality run --url http://127.0.0.1:8000 [--api-key K] --questions 50 \\
         --seed 0 --sweep quick|full|reader|qwen [--methods none sentences] [--interleave] \\
-        [--resume] --max-tokens 32 --out bench-results --label squad-quick
+        [--resume] [--concurrency 4] --max-tokens 32 --out bench-results --label squad-quick
 
 `prepare` fetches SQuAD v1.1 dev (bench.squad), writes its paragraphs as a JSONL corpus and,
 only when the index is missing, builds it with the project's own `python -m retrieval.build`.
@@ -12,7 +12,8 @@ The service must then serve that index: write a variant with
 
 `run` samples questions with a seed and sends each one once per sweep point to
 POST /v1/rag/query (include_context, temperature 0, the point's top_k and compression), one
-request at a time, each with a timeout; a failed request is recorded, never retried. Per
+request at a time (`--concurrency N`: N in flight, the next sent as one returns), each with a
+timeout; a failed request is recorded, never retried. Per
 question it scores EM and F1 (best over the gold answers, citations stripped from the answer
 first), recall@k (the gold paragraph among the sources' doc ids; a SQuAD paragraph id is the
 corpus doc id), whether a gold answer survives in the context the model saw, the context tokens
@@ -39,9 +40,11 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from dataclasses import asdict, dataclass, field, fields
+from itertools import islice
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
 
@@ -74,6 +77,8 @@ from pipeline.messages import CompressionMethod
 from retrieval.index import INDEX_FILE, MANIFEST_FILE
 
 logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 DEFAULT_INDEX_DIR = Path("indexes/squad-dev")
 CORPUS_FILENAME = "squad-dev.jsonl"
@@ -199,6 +204,8 @@ class QuestionResult:
     # A gold answer found inside the answer (both normalised): what an explained answer is
     # scored by, where EM/F1 against a span mean little.
     contains_gold: bool | None = None
+    # "stop": the answer ended on its own; "length": cut at max_tokens.
+    finish_reason: str | None = None
 
     @property
     def answered(self) -> bool:
@@ -281,6 +288,7 @@ def _score(
     result.ttft_ms = reply.timings_ms.ttft
     result.total_ms = reply.timings_ms.total
     result.tpot_ms = reply.tpot_ms
+    result.finish_reason = reply.finish_reason
 
 
 def sweep_order(
@@ -306,17 +314,21 @@ def iter_sweep(
     known_doc_ids: set[str],
     headers: dict[str, str] | None = None,
     answer_style: str = "explained",
+    concurrency: int = 1,
 ) -> Iterator[QuestionResult]:
-    """Send `requests` one at a time, yielding each scored result as it comes.
+    """Send `requests` in order, `concurrency` in flight at a time, yielding each scored
+    result as it comes.
 
     `known_doc_ids` are the corpus's paragraph ids: if the first answered request retrieves
     none of them, the service is serving another index and QualityError stops the run there.
     """
+
+    def ask(request: tuple[SweepPoint, SquadQuestion]) -> QuestionResult:
+        point, question = request
+        return query_question(client, question, point, max_tokens, timeout_s, headers, answer_style)
+
     checked_index = False
-    for done, (point, question) in enumerate(requests, start=1):
-        result = query_question(
-            client, question, point, max_tokens, timeout_s, headers, answer_style
-        )
+    for done, result in enumerate(_in_flight(ask, requests, concurrency), start=1):
         if result.answered and not checked_index:
             checked_index = True
             if not known_doc_ids.intersection(result.source_doc_ids):
@@ -329,12 +341,31 @@ def iter_sweep(
             "[%d/%d] %s %s: %s",
             done,
             len(requests),
-            point.name,
-            question.question_id,
+            result.point,
+            result.question_id,
             result.error
             or f"F1 {result.f1:.2f}, recall {result.recall:.0f}, TTFT {result.ttft_ms:.0f} ms",
         )
         yield result
+
+
+def _in_flight(
+    ask: Callable[[T], QuestionResult], requests: Sequence[T], concurrency: int
+) -> Iterator[QuestionResult]:
+    """`ask` of each request, in order, at most `concurrency` at a time (the next sent as one
+    comes back, a closed loop), yielding the results as they come."""
+    if concurrency <= 1:
+        yield from map(ask, requests)
+        return
+    pending = iter(requests)
+    with ThreadPoolExecutor(max_workers=concurrency) as pool:
+        running = {pool.submit(ask, request) for request in islice(pending, concurrency)}
+        while running:
+            finished, running = wait(running, return_when=FIRST_COMPLETED)
+            for future in finished:
+                for request in islice(pending, 1):
+                    running.add(pool.submit(ask, request))
+                yield future.result()
 
 
 # --- checkpoint ------------------------------------------------------------------------------
@@ -617,6 +648,8 @@ class RunSettings:
     interleave: bool = False
     # Go on from the checkpoint an unfinished run of the same sample left.
     resume: bool = False
+    # Requests in flight at a time (a closed loop); 1: one at a time.
+    concurrency: int = 1
 
 
 def run_quality(
@@ -653,10 +686,11 @@ def run_quality(
         if (point.name, question.question_id) not in done
     ]
     logger.info(
-        "%d questions x %d points: %d requests to send, one at a time (%d from %s)",
+        "%d questions x %d points: %d requests to send, %d at a time (%d from %s)",
         len(questions),
         len(points),
         len(requests),
+        settings.concurrency,
         len(results),
         checkpoint,
     )
@@ -674,6 +708,7 @@ def run_quality(
                 {paragraph.paragraph_id for paragraph in squad.paragraphs},
                 headers,
                 settings.answer_style,
+                settings.concurrency,
             ):
                 results.append(result)
                 sink.write(json.dumps(asdict(result)) + "\n")
@@ -849,6 +884,9 @@ def _parser() -> argparse.ArgumentParser:
         "--interleave",
         action="store_true",
         help="question by question, the points in ABBA turn (default: point by point)",
+    )
+    run_parser.add_argument(
+        "--concurrency", type=positive_int, default=1, help="requests in flight at a time"
     )
     run_parser.add_argument(
         "--resume",

@@ -141,6 +141,8 @@ class QualityPlan:
     interleave: bool = False
     # serve_config.yaml's own reader and dtype, not MEASURED_WITH's.
     as_shipped: bool = False
+    # Requests in flight at a time (bench.quality run's --concurrency).
+    concurrency: int = 1
 
 
 def reader_headline(generator: dict[str, object]) -> QualityPlan:
@@ -156,9 +158,12 @@ def reader_headline(generator: dict[str, object]) -> QualityPlan:
     )
 
 
-def as_shipped(questions: int, overrides: dict[str, object] | None = None) -> QualityPlan:
+def as_shipped(
+    questions: int, overrides: dict[str, object] | None = None, concurrency: int = 1
+) -> QualityPlan:
     """`make run` as served (serve_config.yaml's reader, dtype, style, compression and its
-    128-token answers) over `questions` random questions, with `overrides` on top."""
+    128-token answers) over `questions` random questions, with `overrides` on top,
+    `concurrency` requests in flight."""
     return QualityPlan(
         questions=questions,
         sweep="default",
@@ -166,6 +171,7 @@ def as_shipped(questions: int, overrides: dict[str, object] | None = None) -> Qu
         answer_style="explained",
         as_shipped=True,
         overrides=dict(overrides or {}),
+        concurrency=concurrency,
     )
 
 
@@ -211,6 +217,10 @@ QUALITY_PLANS: dict[str, QualityPlan] = {
     # binding keeps one thread and leaves the other core to the rest), one question at a time:
     # against default-bf16 in ABBA order, 16 questions each (--questions 16).
     "default-both-cores": as_shipped(32, {"generator.cpu_binding": ["0-1"]}),
+    # The same two at four requests in flight, where the engine's threads on both cores meet
+    # the other stages' work: ABBA, 32 questions each.
+    "default-c4": as_shipped(32, concurrency=4),
+    "default-both-cores-c4": as_shipped(32, {"generator.cpu_binding": ["0-1"]}, concurrency=4),
 }
 
 
@@ -238,6 +248,8 @@ def run_quality(plan: QualityPlan, out_dir: Path, base_config: Path) -> Path:
         ]  # fmt: skip
         if plan.interleave:
             argv.append("--interleave")
+        if plan.concurrency > 1:
+            argv += ["--concurrency", str(plan.concurrency)]
         if quality.main(argv) != 0:
             logger.warning("quality run %s reported failures", label)
     return out_dir / f"{label}.md"

@@ -11,6 +11,8 @@ import json
 import logging
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -716,3 +718,41 @@ def test_answers_that_reach_max_tokens_are_counted(squad_cache, tmp_path):
     assert _run(FakeService(), squad_cache, out, "--max-tokens", "5") == 0
     uncapped = json.loads((out / "tiny.json").read_text())["summary"]
     assert [s["at_cap"] for s in uncapped] == [0, 0, 0]
+
+
+class ConcurrentService(FakeService):
+    """FakeService that holds each query a moment and records the most held at once."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.in_flight = 0
+        self.most_in_flight = 0
+        self.lock = threading.Lock()
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        with self.lock:
+            self.in_flight += 1
+            self.most_in_flight = max(self.most_in_flight, self.in_flight)
+        time.sleep(0.05)
+        try:
+            return super().__call__(request)
+        finally:
+            with self.lock:
+                self.in_flight -= 1
+
+
+def test_concurrency_keeps_that_many_requests_in_flight_and_records_every_one(
+    squad_cache, tmp_path
+):
+    one, three = FakeService(), ConcurrentService()
+    assert _run(one, squad_cache, tmp_path / "one") == 0
+    assert _run(three, squad_cache, tmp_path / "three", "--concurrency", "3") == 0
+
+    assert three.most_in_flight == 3
+    in_turn = json.loads((tmp_path / "one" / "tiny.json").read_text())
+    at_once = json.loads((tmp_path / "three" / "tiny.json").read_text())
+    assert at_once["config"]["concurrency"] == 3
+    assert at_once["summary"] == in_turn["summary"]
+    key = lambda r: (r["point"], r["question_id"])  # noqa: E731
+    assert sorted(map(key, at_once["results"])) == sorted(map(key, in_turn["results"]))
+    assert {r["finish_reason"] for r in at_once["results"] if not r["error"]} == {"stop"}
