@@ -218,10 +218,11 @@ def abba_report(
     docs: Mapping[str, Mapping[str, Any]], a: str, b: str
 ) -> tuple[str, dict[str, Any]]:
     """Two settings over four fresh services in ABBA order (each a one-point quality run of
-    the same questions): each run's TTFT and TPOT medians, the paired ratios b / a of both,
-    and the answers: each side's mean score over its two runs, and b − a paired by question."""
+    the same questions): each run's TTFT, TPOT and whole-answer time medians, the paired
+    ratios b / a of each, and the answers: each side's mean score over its two runs, and
+    b − a paired by question."""
     speed: dict[str, dict[str, Any]] = {}
-    for metric, key in (("TTFT", "ttft_ms"), ("TPOT", "tpot_ms")):
+    for metric, key in (("TTFT", "ttft_ms"), ("TPOT", "tpot_ms"), ("answer", "total_ms")):
         runs = {name: question_metric(doc, key) for name, doc in docs.items()}
         shared, ratios = abba_ratios(runs, a, b)
         speed[metric] = {
@@ -251,8 +252,7 @@ def abba_report(
     speed_rows = [
         [name, *(fmt_interval(speed[m]["runs"][name], 0) for m in speed)] for name in names
     ]
-    ratio_rows = [[name, speed["TTFT"]["n"], fmt_ratio(speed["TTFT"]["ratios"][name]),
-                   fmt_ratio(speed["TPOT"]["ratios"][name])]
+    ratio_rows = [[name, speed["TTFT"]["n"], *(fmt_ratio(speed[m]["ratios"][name]) for m in speed)]
                   for name in speed["TTFT"]["ratios"]]  # fmt: skip
     answer_rows = [
         [score_name, len(shared), fmt_interval(row[a]), fmt_interval(row[b]),
@@ -262,9 +262,9 @@ def abba_report(
     text = "\n\n".join(
         [
             "Per run, median ms [95% CI]:",
-            markdown_table(["run", "TTFT p50 ms", "TPOT p50 ms"], speed_rows),
+            markdown_table(["run", "TTFT p50 ms", "TPOT p50 ms", "answer p50 ms"], speed_rows),
             "Paired by question, median per-question ratio:",
-            markdown_table(["ratio", "n", "TTFT", "TPOT"], ratio_rows),
+            markdown_table(["ratio", "n", "TTFT", "TPOT", "answer"], ratio_rows),
             f"Answers, each side the mean of its two runs; paired by question ({same} of "
             f"{2 * len(shared)} answers word for word the same in a side's two runs):",
             markdown_table(["score", "n", a, b, f"{b} − {a}"], answer_rows),

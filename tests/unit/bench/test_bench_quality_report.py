@@ -67,7 +67,8 @@ def test_the_prefix_report_pairs_questions_and_averages_two_runs_a_side(tmp_path
 def test_the_abba_report_pairs_four_services_and_scores_each_side_over_its_two_runs(
     tmp_path: Path,
 ):
-    # b is twice as fast at both phases and loses the gold on q0 in one of its two runs.
+    # b is twice as fast at both phases (and to the whole answer) and loses the gold on q0
+    # in one of its two runs.
     speeds = {"bf16-1": 1.0, "int8-1": 0.5, "int8-2": 0.5, "bf16-2": 1.0}
     for run, scale in speeds.items():
         folder = tmp_path / run
@@ -75,6 +76,7 @@ def test_the_abba_report_pairs_four_services_and_scores_each_side_over_its_two_r
         results = [result("sentences@0.5 k=5", f"q{i}", 1.0, scale * (1000 + i)) for i in range(8)]
         for r in results:
             r["tpot_ms"], r["contains_gold"], r["answer"] = scale * 100, True, "gold"
+            r["total_ms"] = scale * 5000
         if run == "int8-1":
             results[0].update(f1=0.0, contains_gold=False, answer="other")
         results.append(result("sentences@0.5 k=5", "q9", 1.0, 1.0, error="timeout"))
@@ -89,6 +91,7 @@ def test_the_abba_report_pairs_four_services_and_scores_each_side_over_its_two_r
     both = "int8 / bf16 (mean of two runs a side)"
     assert data["TTFT"]["ratios"][both]["estimate"] == pytest.approx(0.5)
     assert data["TPOT"]["ratios"]["int8-2 / bf16-2"]["estimate"] == pytest.approx(0.5)
+    assert data["answer"]["ratios"][both]["estimate"] == pytest.approx(0.5)
     gold = data["answers"]["contains gold"]
     assert gold["int8"]["estimate"] == pytest.approx(1 - 0.5 / 8)
     assert gold["difference"]["estimate"] == pytest.approx(-0.5 / 8)
