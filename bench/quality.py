@@ -70,6 +70,7 @@ from bench.squad_metrics import (
     exact_match,
     f1,
     recall_at_k,
+    repeated_sentences,
 )
 from bench.stats import mean, median
 from bench.tables import markdown_table
@@ -206,6 +207,8 @@ class QuestionResult:
     contains_gold: bool | None = None
     # "stop": the answer ended on its own; "length": cut at max_tokens.
     finish_reason: str | None = None
+    # The answer's sentences that repeat an earlier one word for word (squad_metrics).
+    repeated_sentences: int | None = None
 
     @property
     def answered(self) -> bool:
@@ -268,6 +271,7 @@ def _score(
     result.exact_match = exact_match(answer_for_scoring, question.gold_answers)
     result.f1 = f1(answer_for_scoring, question.gold_answers)
     result.contains_gold = answer_survives(answer_for_scoring, question.gold_answers)
+    result.repeated_sentences = repeated_sentences(reply.answer)
     result.source_ids = [source.id for source in reply.sources]
     result.source_doc_ids = [source.doc_id for source in reply.sources]
     result.recall = recall_at_k(result.source_doc_ids, question.paragraph_id, k=point.top_k)
@@ -437,6 +441,8 @@ class PointSummary:
     # Answers that used the whole max_tokens: cut, or about to be (a cap so low that many
     # answers reach it scores the cap, not the reader).
     at_cap: int = 0
+    # Answers that said a sentence of theirs twice.
+    repeating_answers: int = 0
 
 
 def summarize(
@@ -483,6 +489,7 @@ def summarize(
                     and r.completion_tokens is not None
                     and r.completion_tokens >= max_tokens
                 ),
+                repeating_answers=sum(1 for r in ok if r.repeated_sentences),
             )
         )
     return summaries
@@ -527,6 +534,7 @@ def render_markdown(config: dict[str, Any], summaries: Sequence[PointSummary]) -
                 "TTFT p50 ms",
                 "total p50 ms",
                 "at max_tokens",
+                "repeating a sentence",
             ],
             [
                 [
@@ -545,6 +553,7 @@ def render_markdown(config: dict[str, Any], summaries: Sequence[PointSummary]) -
                     _fmt(s.ttft_ms_median, 0),
                     _fmt(s.total_ms_median, 0),
                     f"{s.at_cap}/{s.answered}",
+                    f"{s.repeating_answers}/{s.answered}",
                 ]
                 for s in summaries
             ],

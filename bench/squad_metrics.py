@@ -123,3 +123,23 @@ def citation_validity(answer_text: str, context_source_ids: Iterable[str]) -> fl
         return None
     allowed = set(context_source_ids)
     return sum(citation in allowed for citation in citations) / len(citations)
+
+
+# A sentence ends at . ! or ? followed by space, or at a line break.
+_SENTENCE_END = re.compile(r"(?<=[.!?])\s+|\n+")
+# Shorter sentences ("Yes." "See above.") repeat without saying anything twice.
+_REPEAT_MIN_WORDS = 4
+
+
+def repeated_sentences(answer_text: str) -> int:
+    """How many of the answer's sentences (of at least _REPEAT_MIN_WORDS words, citations
+    left out, compared normalised) say word for word what an earlier one said."""
+    seen: set[str] = set()
+    repeats = 0
+    for sentence in _SENTENCE_END.split(_CITATION_GROUP.sub(" ", answer_text)):
+        normalized = normalize_answer(sentence)
+        if len(normalized.split()) < _REPEAT_MIN_WORDS:
+            continue
+        repeats += normalized in seen
+        seen.add(normalized)
+    return repeats

@@ -33,6 +33,7 @@ from bench.squad_metrics import (
     f1,
     normalize_answer,
     recall_at_k,
+    repeated_sentences,
 )
 from retrieval.documents import Document, load_documents
 
@@ -448,3 +449,17 @@ def test_citation_validity_is_the_share_of_citations_given_to_the_model():
     assert citation_validity("A [doc#3]. B [doc#9]. C [1].", given) == pytest.approx(1 / 3)
     assert citation_validity("A [other#0]", given) == 0.0
     assert citation_validity("No citations here.", given) is None
+
+
+def test_repeated_sentences_count_each_sentence_said_again_word_for_word():
+    answer = (
+        "PagedAttention stores the KV cache in blocks [doc#0]. It avoids fragmentation.\n"
+        "PagedAttention stores the KV cache in blocks. The blocks need not be contiguous! "
+        "pagedattention stores the KV cache in blocks [doc#1]."
+    )
+
+    # Said three times (case and citations aside): two repeats.
+    assert repeated_sentences(answer) == 2
+    # Short sentences repeat without saying anything twice.
+    assert repeated_sentences("Yes. Yes. It is the block size.") == 0
+    assert repeated_sentences("") == 0
