@@ -17,6 +17,7 @@ from ray import serve
 from ray.serve.llm import LLMConfig, LLMServer
 
 from generation.batching import batch_events
+from generation.cpuinfo import omp_cores
 from generation.dtype import FASTEST, NATIVE_BF16_FLAGS, cpu_flags, fastest_dtype
 from generation.vllm_engine import VllmEngine
 from pipeline.log import get_logger
@@ -36,7 +37,7 @@ class GeneratorServer(LLMServer):
         if cpu_binding:
             # Before the engine starts: its worker process inherits the binding.
             rank = _replica_rank()
-            cores = cpu_binding[rank % len(cpu_binding)]
+            cores = omp_cores(cpu_binding[rank % len(cpu_binding)])
             os.environ["VLLM_CPU_OMP_THREADS_BIND"] = cores
             logger.info("generator replica %d binds vLLM's threads to cores %s", rank, cores)
         _resolve_dtype(llm_config)

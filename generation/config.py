@@ -11,6 +11,7 @@ from urllib.parse import urlsplit
 from pydantic import AfterValidator, BeforeValidator, Field, model_validator
 
 from generation.checkpoints import dtype_problem
+from generation.cpuinfo import ALL_CORES
 from pipeline.config_base import ServeOptions, StrictModel, deployment_field, over_defaults
 
 # One replica runs max_num_seqs (16) sequences in vLLM's continuous batch; a queued request
@@ -154,10 +155,12 @@ class GeneratorConfig(StrictModel):
         "token on its own. Chosen with bench.overhead (docs/retired.md).",
     )
     cpu_binding: list[str] | None = Field(
-        None,
+        [ALL_CORES],
         description="engine vllm, CPU only: cores for each replica's vLLM threads, by replica rank "
-        "(VLLM_CPU_OMP_THREADS_BIND), e.g. ['1', '0'] so two replicas do not share a core. "
-        "Unset: vLLM's default binding.",
+        "(VLLM_CPU_OMP_THREADS_BIND), e.g. ['1', '0'] so two replicas do not share a core; "
+        "'all': every core the replica may run on, shared with the other stages (the CPU "
+        "default: faster than vLLM's own binding, which leaves a core idle, one and four "
+        "requests at a time, docs/benchmarks.md). null: vLLM's default binding.",
     )
     request_router: RequestRouterConfig = RequestRouterConfig()
     model_id: str = Field("qwen2.5-coder-1.5b-instruct", description="Name clients use as `model`.")

@@ -7,6 +7,7 @@ rates it measured (advisor.cpu_probe).
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,3 +33,17 @@ def read_cpuinfo(path: Path = CPUINFO) -> CpuInfo:
     flags = next((value.split() for key, value in fields if key in ("flags", "Features")), [])
     cores = sum(key == "processor" for key, _ in fields)
     return CpuInfo(model, frozenset(flags), cores)
+
+
+# generator.cpu_binding's word for every core this process may run on.
+ALL_CORES = "all"
+
+
+def omp_cores(binding: str, allowed: set[int] | None = None) -> str:
+    """VLLM_CPU_OMP_THREADS_BIND's value for one replica's `binding`: a core list as given
+    ("0-1", "1"), or ALL_CORES as the cores in `allowed` (default: this process's
+    affinity), comma-separated."""
+    if binding != ALL_CORES:
+        return binding
+    cores = os.sched_getaffinity(0) if allowed is None else allowed
+    return ",".join(str(core) for core in sorted(cores))
