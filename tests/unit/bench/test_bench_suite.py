@@ -80,10 +80,10 @@ def test_questions_on_the_command_line_replace_a_quality_plan_s_own(monkeypatch,
     )
 
     assert (
-        suite.main(["--plan", "default-both-cores", "--questions", "16", "--out", str(tmp_path)])
+        suite.main(["--plan", "default-vllm-binding", "--questions", "16", "--out", str(tmp_path)])
         == 0
     )
 
     assert ran[0].questions == 16
-    assert ran[0].overrides == {"generator.cpu_binding": ["0-1"]}
-    assert QUALITY_PLANS["default-both-cores"].questions == 32  # the plan itself is unchanged
+    assert ran[0].overrides == {"generator.cpu_binding": None}
+    assert QUALITY_PLANS["default-vllm-binding"].questions == 32  # the plan itself is unchanged
