@@ -23,7 +23,6 @@ from bench.labs import SMOLLM2_GENERATOR, positive_int, reader, variant_service
 from bench.plots import write_plots
 from harness.service import ROOT
 from harness.variant import PRESETS
-from prepare.prompt import DEFAULT_SYSTEM_PROMPT
 
 logger = logging.getLogger(__name__)
 
@@ -177,14 +176,6 @@ def as_shipped(
 
 
 VLLM_BINDING: dict[str, object] = {"generator.cpu_binding": None}
-BLOCKS_PROMPT = DEFAULT_SYSTEM_PROMPT.replace(
-    "4. Be concise: a direct answer first, in at most a few sentences, then stop. Use plain "
-    "text,\n   no headings.",
-    "4. Be concise: a direct answer first, in at most three sentences, then stop. Use plain\n"
-    "   text, no headings. Never repeat a sentence, and never restate an earlier answer.",
-)
-
-
 QUALITY_PLANS: dict[str, QualityPlan] = {
     # 25 questions x 3 settings: ~15 s a question here, 50 would take ~15 minutes.
     "eval-quick": QualityPlan(questions=25, sweep="quick", max_tokens=16),
@@ -230,12 +221,6 @@ QUALITY_PLANS: dict[str, QualityPlan] = {
     "default-vllm-binding": as_shipped(32, VLLM_BINDING),
     "default-c4": as_shipped(32, concurrency=4),
     "default-vllm-binding-c4": as_shipped(32, VLLM_BINDING, concurrency=4),
-    # The explained style's system prompt with its conciseness rule tightened (at most three
-    # sentences, no sentence or earlier answer repeated): 13 tokens longer, which also takes
-    # the static prefix two questions share from 252 tokens to 265 with the 1.5B's
-    # tokenizer, past the second 128-token KV block, so 256 are cached instead of 128.
-    # Against default-bf16 in ABBA order.
-    "default-prompt-blocks": as_shipped(32, {"prompt.system_prompt": BLOCKS_PROMPT}),
 }
 
 

@@ -1,7 +1,9 @@
 """Prompt assembly for RAG, laid out for the prefix cache.
 
 Order: the static system prompt (identical byte for byte on every request of an answer
-style, longer than one KV block so vLLM can cache it), then the earlier turns of the
+style; with what opens the user message, it fills two of the CPU's 128-token KV blocks with
+the shipped reader, tests/unit/prepare/test_prepare_prompt.py, so vLLM caches 256 tokens
+of it), then the earlier turns of the
 conversation (text only: earlier questions and answers, never their sources), then the
 retrieved sources with the current question. Retrieved text
 is untrusted: it is fenced in <source> tags, and anything that could close the fence or
@@ -28,8 +30,8 @@ followed by one question. Follow these rules on every answer:
    question.
 3. Cite the sources you used by their id in square brackets, for example [kv-cache#0],
    right after the sentence that uses them. Cite only ids that appear in the sources.
-4. Be concise: a direct answer first, in at most a few sentences, then stop. Use plain text,
-   no headings.
+4. Be concise: a direct answer first, in at most three sentences, then stop. Use plain
+   text, no headings. Never repeat a sentence, and never restate an earlier answer.
 5. If the question is ambiguous, answer the most likely reading and say which one you chose.
 """
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from prepare.context import ContextChunk
@@ -89,3 +91,39 @@ def test_default_system_prompt_explains_the_fence_and_citations():
     assert '<source id="...">' in DEFAULT_SYSTEM_PROMPT
     assert "untrusted" in DEFAULT_SYSTEM_PROMPT
     assert "[kv-cache#0]" in DEFAULT_SYSTEM_PROMPT
+
+
+# vLLM's CPU backend caches whole 128-token KV blocks only.
+CPU_KV_BLOCK_TOKENS = 128
+READERS = [
+    Path(__file__).resolve().parents[3] / ".models" / name
+    for name in ("smollm2-135m-instruct", "qwen2.5-coder-1.5b-instruct")
+]
+
+
+def shared_prefix_tokens(tokenizer, system_prompt: str) -> int:
+    """Tokens that open the prompts of two different questions over different sources."""
+
+    def prompt_ids(chunk_id: str, question: str) -> list[int]:
+        chunk = ContextChunk(chunk_id, chunk_id, f"Title {chunk_id}", "Some text.", 0.5)
+        messages = build_messages(system_prompt, [chunk], question)
+        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        return tokenizer.encode(text, add_special_tokens=False)
+
+    first, second = prompt_ids("Seine-0#0", "Where?"), prompt_ids("Eiffel_Tower-3#1", "When?")
+    return next(i for i, (a, b) in enumerate(zip(first, second, strict=False)) if a != b)
+
+
+@pytest.mark.models
+@pytest.mark.parametrize("reader", READERS, ids=lambda path: path.name)
+def test_the_explained_styles_static_prefix_fills_two_cpu_kv_blocks(reader: Path) -> None:
+    # Only whole blocks are cached: a shared prefix of 252 tokens (the prompt before this
+    # test) caches 128 of them, one of 256 or more caches 256. A few tokens past the
+    # boundary are recomputed on every request, so keep the slack small.
+    if not reader.is_dir():
+        pytest.skip(f"{reader.name} is not prepared")
+    from transformers import AutoTokenizer
+
+    shared = shared_prefix_tokens(AutoTokenizer.from_pretrained(str(reader)), DEFAULT_SYSTEM_PROMPT)
+
+    assert 2 * CPU_KV_BLOCK_TOKENS <= shared < 2 * CPU_KV_BLOCK_TOKENS + 24
