@@ -23,6 +23,7 @@ from bench.labs import SMOLLM2_GENERATOR, positive_int, reader, variant_service
 from bench.plots import write_plots
 from harness.service import ROOT
 from harness.variant import PRESETS
+from prepare.prompt import DEFAULT_SYSTEM_PROMPT
 
 logger = logging.getLogger(__name__)
 
@@ -176,6 +177,18 @@ def as_shipped(
 
 
 VLLM_BINDING: dict[str, object] = {"generator.cpu_binding": None}
+# make run as issue 52 found it: vLLM's own binding, and rule 4 of the explained prompt as it
+# was then (its static prefix one token block short of two KV blocks).
+AS_FILED: dict[str, object] = {
+    **VLLM_BINDING,
+    "prompt.system_prompt": DEFAULT_SYSTEM_PROMPT.replace(
+        "4. Be concise: a direct answer first, in at most three sentences, then stop. Use "
+        "plain\n   text, no headings. Never repeat a sentence, and never restate an earlier "
+        "answer.",
+        "4. Be concise: a direct answer first, in at most a few sentences, then stop. Use "
+        "plain text,\n   no headings.",
+    ),
+}
 QUALITY_PLANS: dict[str, QualityPlan] = {
     # 25 questions x 3 settings: ~15 s a question here, 50 would take ~15 minutes.
     "eval-quick": QualityPlan(questions=25, sweep="quick", max_tokens=16),
@@ -221,6 +234,10 @@ QUALITY_PLANS: dict[str, QualityPlan] = {
     "default-vllm-binding": as_shipped(32, VLLM_BINDING),
     "default-c4": as_shipped(32, concurrency=4),
     "default-vllm-binding-c4": as_shipped(32, VLLM_BINDING, concurrency=4),
+    # make run as shipped against make run as issue 52 found it (AS_FILED), one question at
+    # a time, ABBA: what the levers that shipped buy together.
+    "default-as-filed": as_shipped(48, AS_FILED),
+    "default-now": as_shipped(48),
 }
 
 
