@@ -336,6 +336,15 @@ def test_the_shipped_serve_config_still_parses_with_the_vllm_engine():
     assert config.generator.served_model_name() == config.generator.model_id
 
 
+def test_the_code_defaults_are_what_the_shipped_serve_config_serves():
+    # serve_config.yaml names only what a deployment must (paths, the model folder), each as
+    # the code's default: `make run` serves parse_config({}).
+    document = yaml.safe_load((PROJECT_ROOT / "serve_config.yaml").read_text())
+    [application] = document["applications"]
+
+    assert parse_config(application["args"]) == parse_config({})
+
+
 def test_hybrid_retrieval_needs_a_positive_weight():
     with pytest.raises(ConfigError, match=r"retriever\.hybrid.*one fusion weight must be positive"):
         parse_config({"retriever": {"hybrid": {"dense_weight": 0, "lexical_weight": 0}}})
