@@ -14,6 +14,8 @@ import string
 from collections import Counter
 from collections.abc import Iterable, Sequence
 
+from retrieval.sentences import split_sentences
+
 _PUNCTUATION = frozenset(string.punctuation)
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
 # One bracket group: `[doc#3]`, `[a#0, b#1]`; not a Markdown link `[text](url)`.
@@ -125,19 +127,18 @@ def citation_validity(answer_text: str, context_source_ids: Iterable[str]) -> fl
     return sum(citation in allowed for citation in citations) / len(citations)
 
 
-# A sentence ends at . ! or ? followed by space, or at a line break.
-_SENTENCE_END = re.compile(r"(?<=[.!?])\s+|\n+")
 # Shorter sentences ("Yes." "See above.") repeat without saying anything twice.
 _REPEAT_MIN_WORDS = 4
 
 
 def repeated_sentences(answer_text: str) -> int:
-    """How many of the answer's sentences (of at least _REPEAT_MIN_WORDS words, citations
-    left out, compared normalised) say word for word what an earlier one said."""
+    """How many of the answer's sentences (as attribution splits them, of at least
+    _REPEAT_MIN_WORDS words, citations left out, compared normalised) say word for word what
+    an earlier one said."""
     seen: set[str] = set()
     repeats = 0
-    for sentence in _SENTENCE_END.split(_CITATION_GROUP.sub(" ", answer_text)):
-        normalized = normalize_answer(sentence)
+    for start, end in split_sentences(answer_text):
+        normalized = normalize_answer(_CITATION_GROUP.sub(" ", answer_text[start:end]))
         if len(normalized.split()) < _REPEAT_MIN_WORDS:
             continue
         repeats += normalized in seen

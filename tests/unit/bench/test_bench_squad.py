@@ -455,7 +455,7 @@ def test_repeated_sentences_count_each_sentence_said_again_word_for_word():
     answer = (
         "PagedAttention stores the KV cache in blocks [doc#0]. It avoids fragmentation.\n"
         "PagedAttention stores the KV cache in blocks. The blocks need not be contiguous! "
-        "pagedattention stores the KV cache in blocks [doc#1]."
+        "PAGEDATTENTION stores the KV cache in blocks [doc#1]."
     )
 
     # Said three times (case and citations aside): two repeats.
