@@ -87,3 +87,14 @@ def test_questions_on_the_command_line_replace_a_quality_plan_s_own(monkeypatch,
     assert ran[0].questions == 16
     assert ran[0].overrides == {"generator.cpu_binding": None}
     assert QUALITY_PLANS["default-vllm-binding"].questions == 32  # the plan itself is unchanged
+
+
+def test_the_as_filed_plan_serves_the_prompt_it_names_not_todays():
+    # AS_FILED rebuilds the old prompt by replacing today's rule 4: a reworded rule would
+    # leave it equal to today's prompt, and the ABBA would compare a setting with itself.
+    from bench.suite import AS_FILED
+    from prepare.prompt import DEFAULT_SYSTEM_PROMPT
+
+    old = AS_FILED["prompt.system_prompt"]
+    assert old != DEFAULT_SYSTEM_PROMPT
+    assert "in at most a few sentences" in old
