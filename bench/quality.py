@@ -223,8 +223,10 @@ def query_question(
     timeout_s: float,
     headers: dict[str, str] | None = None,
     answer_style: str = "explained",
+    collection: str | None = None,
 ) -> QuestionResult:
-    """Ask one question at one sweep point and score the reply; errors are recorded, not raised.
+    """Ask one question at one sweep point (of `collection`, or the service's default) and
+    score the reply; errors are recorded, not raised.
 
     A transport error, a non-200 status or a body that is not a RagQueryResponse with `context`
     yields a result with `error` set and no metrics.
@@ -249,6 +251,8 @@ def query_question(
         "temperature": 0.0,
         "include_context": True,
     }
+    if collection is not None:
+        body["collection"] = collection
     outcome = post_query(client, body, timeout_s, headers)
     result.status_code, result.client_ms = outcome.status_code, outcome.client_ms
     reply = outcome.reply
@@ -319,6 +323,7 @@ def iter_sweep(
     headers: dict[str, str] | None = None,
     answer_style: str = "explained",
     concurrency: int = 1,
+    collection: str | None = None,
 ) -> Iterator[QuestionResult]:
     """Send `requests` in order, `concurrency` in flight at a time, yielding each scored
     result as it comes.
@@ -329,7 +334,9 @@ def iter_sweep(
 
     def ask(request: tuple[SweepPoint, SquadQuestion]) -> QuestionResult:
         point, question = request
-        return query_question(client, question, point, max_tokens, timeout_s, headers, answer_style)
+        return query_question(
+            client, question, point, max_tokens, timeout_s, headers, answer_style, collection
+        )
 
     checked_index = False
     for done, result in enumerate(_in_flight(ask, requests, concurrency), start=1):
@@ -659,6 +666,8 @@ class RunSettings:
     resume: bool = False
     # Requests in flight at a time (a closed loop); 1: one at a time.
     concurrency: int = 1
+    # The collection every question is asked of; None: the service's default.
+    collection: str | None = None
 
 
 def run_quality(
@@ -718,6 +727,7 @@ def run_quality(
                 headers,
                 settings.answer_style,
                 settings.concurrency,
+                settings.collection,
             ):
                 results.append(result)
                 sink.write(json.dumps(asdict(result)) + "\n")
@@ -908,6 +918,9 @@ def _parser() -> argparse.ArgumentParser:
     run_parser.add_argument("--cache", dest="cache_dir", type=Path, default=DEFAULT_CACHE_DIR)
     run_parser.add_argument(
         "--squad-file", type=Path, help="the set `prepare --squad-file` indexed (default: dev)"
+    )
+    run_parser.add_argument(
+        "--collection", help="ask this collection (default: the service's, `default`)"
     )
     run_parser.add_argument(
         "--out", dest="out_dir", type=Path, required=True, help="folder for the outputs"

