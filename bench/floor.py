@@ -16,7 +16,8 @@ of a prompt's tokens are not cached, what no serving chain in front of it can be
 
 `report` puts each request of a quality run (bench.quality, one at a time) beside its floor,
 n = prompt_tokens − cached_prompt_tokens from the request's own usage: the median per-request
-TTFT / floor with its 95% interval.
+TTFT / floor with its 95% interval. The same prompts go on for 32 greedy tokens, so the
+engine's own TPOT stands beside the service's: what the chain costs each token.
 """
 
 from __future__ import annotations
@@ -35,11 +36,20 @@ from typing import Any
 import numpy as np
 
 from bench.labs import machine, positive_int, utc_now, write_json_and_markdown
-from bench.stats import fmt_interval, fmt_ratio, interval_dict, one_sample, paired_ratio
+from bench.stats import (
+    fmt_interval,
+    fmt_ratio,
+    independent_ratio,
+    interval_dict,
+    one_sample,
+    paired_ratio,
+    tpot,
+)
 from bench.tables import markdown_table
 
 NEW_TOKENS = (256, 512, 1024)
 CACHED_PREFIX_TOKENS = 256  # the explained prompt's two full 128-token KV blocks
+DECODE_TOKENS = 32  # after the first: the engine's own TPOT on the same prompts
 OUT = Path("docs/results/floor/engine.json")
 
 
@@ -117,18 +127,23 @@ def _engine_args() -> tuple[str, dict[str, Any]]:
 
 
 async def _time_prompts(engine: Any, prompts: Sequence[list[int]]) -> list[dict[str, Any]]:
-    """One token for each prompt, one at a time: its TTFT and the tokens the cache held."""
+    """DECODE_TOKENS greedy tokens for each prompt, one prompt at a time: its TTFT, its
+    TPOT and the tokens the cache held."""
     from vllm import SamplingParams, TokensPrompt
 
-    params = SamplingParams(temperature=0.0, max_tokens=1)
+    params = SamplingParams(temperature=0.0, max_tokens=DECODE_TOKENS, ignore_eos=True)
     rows = []
     for ids in prompts:
-        start, cached = time.perf_counter(), None
+        start, first, cached, tokens = time.perf_counter(), None, None, 0
         async for out in engine.generate(TokensPrompt(prompt_token_ids=ids), params,
                                          str(uuid.uuid4())):  # fmt: skip
-            cached = out.num_cached_tokens
-        rows.append({"prompt_tokens": len(ids), "cached_tokens": cached,
-                     "ttft_ms": (time.perf_counter() - start) * 1000})  # fmt: skip
+            first = first or time.perf_counter()
+            cached, tokens = out.num_cached_tokens, len(out.outputs[0].token_ids)
+        end = time.perf_counter()
+        ttft_ms, e2e_ms = ((first or end) - start) * 1000, (end - start) * 1000
+        rows.append({"prompt_tokens": len(ids), "cached_tokens": cached, "ttft_ms": ttft_ms,
+                     "output_tokens": tokens,
+                     "tpot_ms": tpot(ttft_ms, e2e_ms, tokens)})  # fmt: skip
     return rows
 
 
@@ -172,32 +187,42 @@ def engine_markdown(doc: Mapping[str, Any]) -> str:
         rows = [r for r in doc["rows"] if r["uncached_tokens"] == n]
         ttft = one_sample(r["ttft_ms"] for r in rows)
         rate = one_sample(n / r["ttft_ms"] * 1000 for r in rows)
-        table.append([n, len(rows), fmt_interval(ttft, 0), fmt_interval(rate, 0)])
-    return "\n\n".join([
-        f"`{doc['command']}` on {doc['machine']}, {doc['started_at']}.",
-        markdown_table(["uncached tokens", "n", "TTFT p50 ms", "prefill tokens/s p50"], table),
-    ]) + "\n"  # fmt: skip
+        decode = one_sample(r.get("tpot_ms") for r in rows)
+        table.append([n, len(rows), fmt_interval(ttft, 0), fmt_interval(rate, 0),
+                      fmt_interval(decode, 1)])  # fmt: skip
+    header = ["uncached tokens", "n", "TTFT p50 ms", "prefill tokens/s p50",
+              f"TPOT p50 ms ({DECODE_TOKENS} tokens)"]  # fmt: skip
+    intro = f"`{doc['command']}` on {doc['machine']}, {doc['started_at']}."
+    return f"{intro}\n\n{markdown_table(header, table)}\n"
 
 
-def report(rates: Mapping[int, float], runs: Mapping[str, Mapping[str, Any]]) -> tuple[str, dict]:
-    """Each run's TTFT p50, floor p50 and median per-request TTFT / floor, with intervals."""
+def report(engine: Mapping[str, Any], runs: Mapping[str, Mapping[str, Any]]) -> tuple[str, dict]:
+    """Each run's TTFT p50, floor p50 and median per-request TTFT / floor; and its TPOT
+    against the engine's own at the measured length nearest the run's uncached tokens
+    (independent samples); each with its 95% interval."""
+    rates = {int(n): r for n, r in engine["rates"].items()}
     table, data = [], {}
     for name, doc in runs.items():
         answered = [r for r in doc["results"] if r.get("ttft_ms") and r.get("prompt_tokens")]
-        floors = [floor_ms(rates, r["prompt_tokens"] - (r.get("cached_prompt_tokens") or 0))
-                  for r in answered]  # fmt: skip
-        ttft = one_sample(r["ttft_ms"] for r in answered)
-        floor = one_sample(floors)
+        uncached = [r["prompt_tokens"] - (r.get("cached_prompt_tokens") or 0) for r in answered]
+        floors = [floor_ms(rates, n) for n in uncached]
+        ttft, floor = one_sample(r["ttft_ms"] for r in answered), one_sample(floors)
         ratio = paired_ratio((r["ttft_ms"], f) for r, f in zip(answered, floors, strict=True))
+        nearest = min(rates, key=lambda n: abs(n - float(np.median(uncached or [0]))))
+        own = [r.get("tpot_ms") for r in engine["rows"] if r["uncached_tokens"] == nearest]
+        chain = independent_ratio((r.get("tpot_ms") for r in answered), own)
         table.append([name, len(answered), fmt_interval(ttft, 0), fmt_interval(floor, 0),
-                      fmt_ratio(ratio)])  # fmt: skip
+                      fmt_ratio(ratio), f"{fmt_ratio(chain)} at {nearest}"])  # fmt: skip
         data[name] = {
             "n": len(answered),
             "ttft_ms_p50": interval_dict(ttft),
             "floor_ms_p50": interval_dict(floor),
             "ttft_over_floor": interval_dict(ratio),
+            "tpot_over_engine": interval_dict(chain),
+            "engine_tpot_length": nearest,
         }
-    header = ["run", "n", "TTFT p50 ms", "floor p50 ms", "TTFT / floor, per request"]
+    header = ["run", "n", "TTFT p50 ms", "floor p50 ms", "TTFT / floor, per request",
+              "TPOT p50 / the engine's, at its length"]  # fmt: skip
     return markdown_table(header, table) + "\n", data
 
 
@@ -219,10 +244,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     from bench.quality_report import _load, one_json
 
-    rates = json.loads(args.engine.read_text(encoding="utf-8"))["rates"]
-    text, _ = report(
-        {int(n): r for n, r in rates.items()}, {str(p): _load(one_json(p)) for p in args.runs}
-    )
+    engine = json.loads(args.engine.read_text(encoding="utf-8"))
+    text, _ = report(engine, {str(p): _load(one_json(p)) for p in args.runs})
     sys.stdout.write(text)
     return 0
 

@@ -34,8 +34,16 @@ def test_report_divides_each_ttft_by_the_floor_of_its_uncached_tokens() -> None:
         {"ttft_ms": 750.0, "prompt_tokens": 656, "cached_prompt_tokens": 256},
         {"ttft_ms": None, "prompt_tokens": 656, "cached_prompt_tokens": 256},  # failed: left out
     ]
-    text, data = report(rates, {"run": {"results": results}})
+    engine = {
+        "rates": {"256": 800.0, "1024": 800.0},  # as JSON keeps them
+        "rows": [{"uncached_tokens": 256, "tpot_ms": ms} for ms in (100.0, 100.0, 100.0)],
+    }
+    for r in results:
+        r["tpot_ms"] = 120.0
+    text, data = report(engine, {"run": {"results": results}})
     assert data["run"]["n"] == 2
     assert data["run"]["floor_ms_p50"]["estimate"] == pytest.approx(500)
     assert 1.2 <= data["run"]["ttft_over_floor"]["estimate"] <= 1.5
     assert "TTFT / floor" in text
+    assert data["run"]["tpot_over_engine"]["estimate"] == pytest.approx(1.2)
+    assert data["run"]["engine_tpot_length"] == 256
