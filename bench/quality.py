@@ -209,6 +209,9 @@ class QuestionResult:
     finish_reason: str | None = None
     # The answer's sentences that repeat an earlier one word for word (squad_metrics).
     repeated_sentences: int | None = None
+    # The service's attribution, as text: each answer sentence and the source sentence it
+    # points at (`citations` of the response), for judging whether the source supports it.
+    attributions: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def answered(self) -> bool:
@@ -297,6 +300,22 @@ def _score(
     result.total_ms = reply.timings_ms.total
     result.tpot_ms = reply.tpot_ms
     result.finish_reason = reply.finish_reason
+    result.attributions = attributions(reply)
+
+
+def attributions(reply: RagQueryResponse) -> list[dict[str, Any]]:
+    """Each citation of `reply` as the answer sentence, the source id and sentence, and the
+    attribution's score (empty when the reply has no citations or no context)."""
+    passages = {passage.id: passage.text for passage in reply.context or []}
+    pairs = []
+    for citation in reply.citations or []:
+        text = passages.get(citation.source_id)
+        if text is None:
+            continue
+        (a0, a1), (s0, s1) = citation.answer_span, citation.source_span
+        pairs.append({"answer_sentence": reply.answer[a0:a1], "source_id": citation.source_id,
+                      "source_sentence": text[s0:s1], "score": citation.score})  # fmt: skip
+    return pairs
 
 
 def sweep_order(

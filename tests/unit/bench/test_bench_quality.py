@@ -765,3 +765,24 @@ def test_concurrency_keeps_that_many_requests_in_flight_and_records_every_one(
     key = lambda r: (r["point"], r["question_id"])  # noqa: E731
     assert sorted(map(key, at_once["results"])) == sorted(map(key, in_turn["results"]))
     assert {r["finish_reason"] for r in at_once["results"] if not r["error"]} == {"stop"}
+
+
+def test_attributions_pair_each_cited_answer_sentence_with_its_source_sentence():
+    from app.schemas import CitationInfo, ContextPassage, RagQueryResponse
+
+    answer = "It opened in 1889. It is in Paris."
+    passage = "The tower opened in 1889. It stands on the Champ de Mars."
+    reply = RagQueryResponse.model_construct(
+        answer=answer,
+        context=[ContextPassage(id="eiffel#0", text=passage)],
+        citations=[
+            CitationInfo(answer_span=(0, 18), source_id="eiffel#0", source_span=(0, 25), score=0.8),
+            CitationInfo(answer_span=(19, 34), source_id="gone#1", source_span=(0, 5), score=0.5),
+        ],
+    )
+    assert quality.attributions(reply) == [
+        {"answer_sentence": "It opened in 1889.", "source_id": "eiffel#0",
+         "source_sentence": "The tower opened in 1889.", "score": 0.8}
+    ]  # fmt: skip
+    assert quality.attributions(RagQueryResponse.model_construct(answer="x", citations=None,
+                                                                 context=None)) == []  # fmt: skip
