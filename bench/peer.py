@@ -1,5 +1,7 @@
 """llama.cpp's server, the engine a CPU user would run instead of vLLM, as the labs' peer.
 
+    python -m bench.peer timings RUN_DIR [RUN_DIR ...]   # the engine's own, from its log
+
 `make peer` builds `llama-cpp-python[server]` into .venv-peer (requirements/peer.lock; not
 part of `make test`) and keeps the Q4_K_M GGUF the 1.5B reader is converted from at
 .models/gguf/. The labs start the server here, on a free loopback port, in a process group of
@@ -10,11 +12,18 @@ reader's own tokenizer for the token budgets.
 
 from __future__ import annotations
 
+import argparse
+import json
 import os
-from collections.abc import Iterator
+import re
+import sys
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
+from bench.stats import fmt_interval, one_sample
+from bench.tables import markdown_table
 from harness.service import ROOT, free_port, running_server
 
 PEER_PYTHON = ROOT / ".venv-peer" / "bin" / "python"
@@ -59,3 +68,49 @@ def peer_generator(base_url: str) -> dict[str, object]:
         "generator.openai": {"base_url": base_url, "model": PEER_MODEL,
                              "tokenizer": PEER_TOKENIZER},
     }  # fmt: skip
+
+
+# llama.cpp's own account of each request, printed to the server's log when it ends.
+_PROMPT = re.compile(r"prompt eval time =\s*([\d.]+) ms /\s*(\d+) tokens")
+_DECODE = re.compile(r"\beval time =\s*([\d.]+) ms /\s*(\d+) runs")
+
+
+def engine_timings(log: str) -> list[dict[str, float]]:
+    """Per request, in order: the uncached prompt tokens llama.cpp evaluated and in how many
+    ms, and the tokens it generated after the first and in how many ms."""
+    prompts, decodes = _PROMPT.findall(log), _DECODE.findall(log)
+    return [{"prompt_tokens": int(pt), "prompt_ms": float(pms),
+             "decode_tokens": int(dt), "decode_ms": float(dms)}
+            for (pms, pt), (dms, dt) in zip(prompts, decodes, strict=True)]  # fmt: skip
+
+
+def timings_report(runs: dict[str, list[dict[str, float]]]) -> str:
+    """Per run (its first request, the service's warm-up, left out): the engine's median
+    prefill rate and ms per generated token, with their 95% intervals."""
+    rows = []
+    for name, requests in runs.items():
+        asked = requests[1:]
+        rate = one_sample(r["prompt_tokens"] / r["prompt_ms"] * 1000 for r in asked)
+        decode = one_sample(r["decode_ms"] / r["decode_tokens"] for r in asked
+                            if r["decode_tokens"])  # fmt: skip
+        rows.append([name, len(asked), fmt_interval(rate, 0), fmt_interval(decode, 1)])
+    header = ["run", "n", "prefill tokens/s p50", "ms per generated token p50"]
+    return markdown_table(header, rows) + "\n"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    timings = commands.add_parser("timings", help="llama.cpp's own times, from its log")
+    timings.add_argument("runs", type=Path, nargs="+", help="folders holding llama.server.log")
+    args = parser.parse_args(argv)
+    runs: dict[str, Any] = {}
+    for folder in args.runs:
+        runs[str(folder)] = engine_timings((folder / "llama.server.log").read_text("utf-8"))
+        (folder / "llama-engine.json").write_text(json.dumps(runs[str(folder)], indent=1))
+    sys.stdout.write(timings_report(runs))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

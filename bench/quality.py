@@ -153,6 +153,8 @@ SWEEPS: dict[str, tuple[SweepPoint, ...]] = {
     "prefix": (SweepPoint("none", None, 3),),
     # What the shipped config does to every request: sentences at 0.5 on the top 5.
     "default": (SweepPoint("sentences", 0.5, 5),),
+    # Naive RAG: the shipped config's top 5, uncompressed.
+    "naive": (SweepPoint("none", None, 5),),
     # The slower Qwen reader: the k=3 points.
     "qwen": (
         SweepPoint("none", None, 3),

@@ -251,7 +251,7 @@ QUALITY_PLANS: dict[str, QualityPlan] = {
     # GGUF the reader is converted from, and naive RAG there (the same top-5, uncompressed,
     # the same prompt), each against make run as shipped (default-bf16) in ABBA order.
     "peer-pipeline": replace(as_shipped(32), peer=True),
-    "peer-naive": replace(as_shipped(32, {"compression.default_method": "none"}), peer=True),
+    "peer-naive": replace(as_shipped(32), sweep="naive", peer=True),
     # make run as shipped on documents it has never seen, from a QA set it was not tuned on
     # (issue 53): CoQA's 500 stories added as a collection, 100 first questions (seed 0).
     "unseen-default": replace(as_shipped(100), unseen=True),

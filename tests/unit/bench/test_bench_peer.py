@@ -3,7 +3,14 @@
 from __future__ import annotations
 
 from app.config import parse_config
-from bench.peer import PEER_GGUF, PEER_MODEL, peer_generator, server_argv
+from bench.peer import (
+    PEER_GGUF,
+    PEER_MODEL,
+    engine_timings,
+    peer_generator,
+    server_argv,
+    timings_report,
+)
 from bench.suite import QUALITY_PLANS
 
 
@@ -29,6 +36,27 @@ def test_the_peer_plans_differ_from_make_run_only_where_they_say() -> None:
     pipeline, naive = QUALITY_PLANS["peer-pipeline"], QUALITY_PLANS["peer-naive"]
     baseline = QUALITY_PLANS["default-bf16"]
     assert pipeline.peer and naive.peer and not baseline.peer
-    assert pipeline.overrides == baseline.overrides == {}
-    assert naive.overrides == {"compression.default_method": "none"}
+    assert pipeline.overrides == naive.overrides == baseline.overrides == {}
+    assert pipeline.sweep == baseline.sweep == "default"
+    assert naive.sweep == "naive"  # make run's top 5, uncompressed
     assert pipeline.questions == naive.questions == baseline.questions
+
+
+LOG = """llama_perf_context_print: prompt eval time =    1205.21 ms /   584 tokens (    2.06 ms
+llama_perf_context_print:        eval time =     276.46 ms /     3 runs   (   92.15 ms per token
+INFO:     127.0.0.1:1 - "POST /v1/chat/completions HTTP/1.1" 200 OK
+llama_perf_context_print: prompt eval time =    8000.00 ms /   500 tokens (   16.00 ms
+llama_perf_context_print:        eval time =    1000.00 ms /    10 runs   (  100.00 ms per token
+llama_perf_context_print: prompt eval time =    6000.00 ms /   420 tokens (   14.29 ms
+llama_perf_context_print:        eval time =    3000.00 ms /    30 runs   (  100.00 ms per token
+"""
+
+
+def test_engine_timings_read_each_request_from_the_log() -> None:
+    timings = engine_timings(LOG)
+    assert timings[1] == {"prompt_tokens": 500, "prompt_ms": 8000.0, "decode_tokens": 10,
+                          "decode_ms": 1000.0}  # fmt: skip
+    assert len(timings) == 3
+    report = timings_report({"run": timings})
+    assert "| run | 2 | 66 [" in report  # the warm-up left out; 62.5 and 70 tokens/s
+    assert "| 100.0 [100.0, 100.0]" in report
