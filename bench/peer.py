@@ -1,6 +1,7 @@
 """llama.cpp's server, the engine a CPU user would run instead of vLLM, as the labs' peer.
 
     python -m bench.peer timings RUN_DIR [RUN_DIR ...]   # the engine's own, from its log
+    python -m bench.peer rounding                        # the GGUF's weights in bf16
 
 `make peer` builds `llama-cpp-python[server]` into .venv-peer (requirements/peer.lock; not
 part of `make test`) and keeps the Q4_K_M GGUF the 1.5B reader is converted from at
@@ -98,12 +99,39 @@ def timings_report(runs: dict[str, list[dict[str, float]]]) -> str:
     return markdown_table(header, rows) + "\n"
 
 
+def bf16_rounding(gguf: Path = PEER_GGUF, block: str = "blk.0.") -> str:
+    """Per quantized tensor of one transformer block: its type, weights, the share of its
+    dequantized values that bf16 holds exactly, and bf16's largest relative error: what
+    converting the GGUF to the bf16 reader rounds a second time."""
+    import numpy as np
+    import torch
+    from gguf import GGUFReader
+    from gguf.quants import dequantize
+
+    rows = []
+    for tensor in GGUFReader(gguf).tensors:
+        if not tensor.name.startswith(block) or tensor.tensor_type.name == "F32":
+            continue
+        exact = torch.from_numpy(dequantize(tensor.data, tensor.tensor_type).astype(np.float32))
+        rounded = exact.to(torch.bfloat16).to(torch.float32)
+        error = float(((rounded - exact).abs() / exact.abs().clamp_min(1e-12)).max())
+        share = float((rounded == exact).float().mean())
+        rows.append([tensor.name, tensor.tensor_type.name, exact.numel(), f"{share:.3f}",
+                     f"{error:.4f}"])  # fmt: skip
+    header = ["tensor", "type", "weights", "exact in bf16", "largest relative error"]
+    return markdown_table(header, rows) + "\n"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
     timings = commands.add_parser("timings", help="llama.cpp's own times, from its log")
     timings.add_argument("runs", type=Path, nargs="+", help="folders holding llama.server.log")
+    commands.add_parser("rounding", help="the GGUF's first block converted to bf16")
     args = parser.parse_args(argv)
+    if args.command == "rounding":
+        sys.stdout.write(bf16_rounding())
+        return 0
     runs: dict[str, Any] = {}
     for folder in args.runs:
         runs[str(folder)] = engine_timings((folder / "llama.server.log").read_text("utf-8"))
