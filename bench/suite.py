@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import shutil
 from collections.abc import Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass, field, replace
@@ -254,7 +255,9 @@ QUALITY_PLANS: dict[str, QualityPlan] = {
     "peer-naive": replace(as_shipped(32), sweep="naive", peer=True),
     # make run as shipped on documents it has never seen, from a QA set it was not tuned on
     # (issue 53): CoQA's 500 stories added as a collection, 100 first questions (seed 0).
-    "unseen-default": replace(as_shipped(100), unseen=True),
+    "unseen-default": replace(
+        as_shipped(100, {"collections.root": str(unseen.COLLECTIONS_ROOT)}), unseen=True
+    ),
 }
 
 
@@ -273,6 +276,8 @@ def run_quality(plan: QualityPlan, out_dir: Path, base_config: Path) -> Path:
         label += f"-{plan.overrides['generator.model_id']}"
     overrides = service_overrides({"retriever.index_path": plan.index_path, **plan.overrides},
                                   plan.as_shipped)  # fmt: skip
+    if plan.unseen:  # a fresh collection each run, in the lab's own folder
+        shutil.rmtree(unseen.COLLECTIONS_ROOT, ignore_errors=True)
     with ExitStack() as stack:
         if plan.peer:
             overrides.update(peer_generator(stack.enter_context(llama_server(out_dir))))

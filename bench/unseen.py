@@ -42,6 +42,8 @@ logger = logging.getLogger(__name__)
 
 COLLECTION = "coqa-unseen"
 QUESTIONS_FILE = Path(".cache/unseen/coqa-first-questions.json")
+# The lab's own collections folder, emptied before each run: never the one `make run` serves.
+COLLECTIONS_ROOT = Path(".cache/unseen/collections")
 BATCH = 100  # stories a request: about 200 KB of JSON
 JOB_POLL_S = 0.5
 
