@@ -291,12 +291,13 @@ def run_quality_service(
     """Start the plan's service with `overrides`, score its sweep, stop it."""
     # Its config and log go to out_dir/squad.serve.yaml and .serve.log.
     with variant_service(base_config, overrides, out_dir, "squad") as url:
-        argv = unseen_collection(url) if plan.unseen else []
-        argv += [
+        argv = [
             "run", "--url", url, "--questions", str(plan.questions), "--sweep", plan.sweep,
             "--max-tokens", str(plan.max_tokens), "--out", str(out_dir), "--label", label,
             "--answer-style", plan.answer_style, "--resume",
         ]  # fmt: skip
+        if plan.unseen:
+            argv += unseen_collection(url)
         if plan.interleave:
             argv.append("--interleave")
         if plan.concurrency > 1:

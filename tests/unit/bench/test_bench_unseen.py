@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -90,3 +91,25 @@ def test_report_gives_the_scores_over_all_and_over_retrieved_stories() -> None:
     assert all_row.startswith("| all answered | 3 | 0.667")
     assert retrieved_row.startswith("| story retrieved | 2 | 1.000")
     assert "| 1.000 [1.000, 1.000]" in retrieved_row  # contains gold, ended on its own
+
+
+def test_the_unseen_plan_asks_its_collection_through_quality_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from contextlib import contextmanager
+
+    from bench import suite
+
+    @contextmanager
+    def fake_service(*args: object, **kwargs: object) -> Iterator[str]:
+        yield "http://svc"
+
+    asked: list[list[str]] = []
+    monkeypatch.setattr(suite.unseen, "COLLECTIONS_ROOT", tmp_path / "collections")
+    monkeypatch.setattr(suite, "variant_service", fake_service)
+    monkeypatch.setattr(suite, "unseen_collection", lambda url: ["--collection", "c"])
+    monkeypatch.setattr(suite.quality, "main", lambda argv: asked.append(argv) or 0)
+    suite.run_quality(suite.QUALITY_PLANS["unseen-default"], tmp_path, tmp_path / "base.yaml")
+    (argv,) = asked
+    assert argv[0] == "run"
+    assert argv[argv.index("--collection") + 1] == "c"
