@@ -10,6 +10,8 @@ scores SQuAD's (contains-gold, F1, finish reason, repeated sentences).
     python -m bench.unseen prepare    # CoQA's first questions as a SQuAD-format file
     python -m bench.suite --plan unseen-default --out docs/results/unseen
     python -m bench.unseen report docs/results/unseen
+    python -m bench.unseen pairs docs/results/unseen    # the attributions drawn to label
+    python -m bench.unseen labels docs/results/unseen   # the hand labels' tally
 
 Many first questions name nothing the story alone has ("How old is my brother?"), so
 retrieval over 500 stories misses some of them; `report` gives the answers' scores over all
@@ -153,12 +155,43 @@ def report(doc: Mapping[str, Any]) -> str:
     return markdown_table(header, rows) + "\n"
 
 
+LABEL_SAMPLE = 60  # attributions drawn (seed 0) for hand labels
+LABELS = {"supported", "not supported", "contradicted"}
+
+
+def attribution_sample(doc: Mapping[str, Any], n: int = LABEL_SAMPLE) -> list[dict[str, Any]]:
+    """`n` of the run's attributions drawn at random (seed 0), each with its question, the
+    record's question id and its index among that record's attributions."""
+    import random
+
+    pairs = [{"question_id": r["question_id"], "index": i, "question": r["question"], **a}
+             for r in doc["results"]
+             for i, a in enumerate(r.get("attributions") or [])]  # fmt: skip
+    return random.Random(0).sample(pairs, min(n, len(pairs)))
+
+
+def labels_report(labels: Sequence[Mapping[str, Any]]) -> str:
+    """Each label's share of the hand-labelled attributions, with its 95% interval."""
+    unknown = {str(x["label"]) for x in labels} - LABELS
+    if unknown:
+        raise UnseenError(f"labels {sorted(unknown)} are not among {sorted(LABELS)}")
+    rows = []
+    for label in ("supported", "not supported", "contradicted"):
+        hits = [float(x["label"] == label) for x in labels]
+        rows.append([label, int(sum(hits)), fmt_interval(one_sample(hits, sample_mean))])
+    return markdown_table(["label", "count", f"share of {len(labels)}"], rows) + "\n"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
     commands.add_parser("prepare", help=f"write {QUESTIONS_FILE}")
     summary = commands.add_parser("report", help="the scores of a run, by retrieval")
     summary.add_argument("folder", type=Path, help="the run's folder (bench.suite --out)")
+    drawn = commands.add_parser("pairs", help="print the attributions drawn for labels")
+    drawn.add_argument("folder", type=Path)
+    tally = commands.add_parser("labels", help="tally <folder>/hand-labels.json")
+    tally.add_argument("folder", type=Path)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     if args.command == "prepare":
@@ -166,7 +199,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     from bench.quality_report import _load, one_json
 
-    text = report(_load(one_json(args.folder)))
+    if args.command == "labels":
+        labels = json.loads((args.folder / "hand-labels.json").read_text("utf-8"))["labels"]
+        sys.stdout.write(labels_report(labels))
+        return 0
+    doc = _load(one_json(args.folder))
+    if args.command == "pairs":
+        for k, pair in enumerate(attribution_sample(doc)):
+            print(f"#{k} {pair['question_id']} [{pair['index']}] Q: {pair['question']}\n"
+                  f"  A: {pair['answer_sentence'].strip()}\n"
+                  f"  S: {pair['source_sentence'].strip()}")  # fmt: skip
+        return 0
+    text = report(doc)
     (args.folder / "by-retrieval.md").write_text(text, encoding="utf-8")
     sys.stdout.write(text)
     return 0

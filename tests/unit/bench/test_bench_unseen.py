@@ -113,3 +113,16 @@ def test_the_unseen_plan_asks_its_collection_through_quality_run(
     (argv,) = asked
     assert argv[0] == "run"
     assert argv[argv.index("--collection") + 1] == "c"
+
+
+def test_the_label_sample_is_seeded_and_the_tally_refuses_unknown_labels() -> None:
+    pair = {"answer_sentence": "a", "source_id": "s#0", "source_sentence": "b", "score": 1.0}
+    doc = {"results": [{"question_id": f"q{i}", "question": "?", "attributions": [pair] * 3}
+                       for i in range(30)]}  # fmt: skip
+    first = unseen.attribution_sample(doc, 10)
+    assert first == unseen.attribution_sample(doc, 10)
+    assert len(first) == 10 and len({(p["question_id"], p["index"]) for p in first}) == 10
+    labels = [{"label": "supported"}] * 3 + [{"label": "contradicted"}]
+    assert "| supported | 3 | 0.750" in unseen.labels_report(labels)
+    with pytest.raises(unseen.UnseenError, match="maybe"):
+        unseen.labels_report([{"label": "maybe"}])
