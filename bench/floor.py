@@ -30,6 +30,7 @@ import sys
 import time
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
@@ -117,8 +118,6 @@ def _engine_args() -> tuple[str, dict[str, Any]]:
     if generator.cpu_binding:
         os.environ["VLLM_CPU_OMP_THREADS_BIND"] = omp_cores(generator.cpu_binding[0])
     # The service's API server reads some keys (enable_prompt_tokens_details); the engine not.
-    from dataclasses import fields
-
     from vllm import AsyncEngineArgs
 
     known = {f.name for f in fields(AsyncEngineArgs)}
