@@ -207,7 +207,8 @@ def report(engine: Mapping[str, Any], runs: Mapping[str, Mapping[str, Any]]) -> 
         floors = [floor_ms(rates, n) for n in uncached]
         ttft, floor = one_sample(r["ttft_ms"] for r in answered), one_sample(floors)
         ratio = paired_ratio((r["ttft_ms"], f) for r, f in zip(answered, floors, strict=True))
-        nearest = min(rates, key=lambda n: abs(n - float(np.median(uncached or [0]))))
+        typical = float(np.median(uncached or [0]))
+        nearest = min(rates, key=lambda n: abs(n - typical))
         own = [r.get("tpot_ms") for r in engine["rows"] if r["uncached_tokens"] == nearest]
         chain = independent_ratio((r.get("tpot_ms") for r in answered), own)
         table.append([name, len(answered), fmt_interval(ttft, 0), fmt_interval(floor, 0),
@@ -241,10 +242,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         measure(args.repeats, args.seed, args.out, argv)
         sys.stdout.write(args.out.with_suffix(".md").read_text(encoding="utf-8"))
         return 0
-    from bench.quality_report import _load, one_json
+    from bench.quality_report import load_run
 
     engine = json.loads(args.engine.read_text(encoding="utf-8"))
-    text, _ = report(engine, {str(p): _load(one_json(p)) for p in args.runs})
+    text, _ = report(engine, {str(p): load_run(p) for p in args.runs})
     sys.stdout.write(text)
     return 0
 

@@ -26,9 +26,10 @@ from typing import Any
 from bench.stats import fmt_interval, one_sample
 from bench.tables import markdown_table
 from harness.service import ROOT, free_port, running_server
+from scripts.prepare_models import QWEN_15B, gguf_path
 
 PEER_PYTHON = ROOT / ".venv-peer" / "bin" / "python"
-PEER_GGUF = ROOT / ".models" / "gguf" / "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf"
+PEER_GGUF = ROOT / gguf_path(QWEN_15B)  # scripts.prepare_models --gguf-qwen15 keeps it
 PEER_MODEL = "qwen2.5-coder-1.5b-instruct"  # the name the service asks the server for
 PEER_TOKENIZER = ".models/qwen2.5-coder-1.5b-instruct"  # the GGUF's own vocabulary, converted
 CONTEXT_TOKENS = 2048  # generator.max_model_len's default
@@ -49,9 +50,9 @@ def server_argv(port: int, threads: int, gguf: Path = PEER_GGUF) -> list[str]:
 def llama_server(out_dir: Path, threads: int | None = None) -> Iterator[str]:
     """The peer server on every core this process may use (or `threads`), its log at
     `out_dir/llama.server.log`; yields its base URL up to /v1 and stops it on exit."""
-    for needed, how in ((PEER_PYTHON, "make peer"), (PEER_GGUF, "make peer")):
+    for needed in (PEER_PYTHON, PEER_GGUF):
         if not needed.exists():
-            raise SystemExit(f"{needed} is missing: run `{how}` first")
+            raise SystemExit(f"{needed} is missing: run `make peer` first")
     out_dir.mkdir(parents=True, exist_ok=True)
     port = free_port()
     url = f"http://127.0.0.1:{port}"

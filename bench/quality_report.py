@@ -134,6 +134,11 @@ def _load(path: Path) -> Any:
     return json.loads(path.read_text(encoding="utf-8"))
 
 
+def load_run(folder: Path) -> Any:
+    """The one quality run's JSON that `folder` holds (a bench.suite --out folder)."""
+    return _load(one_json(folder))
+
+
 def one_json(folder: Path) -> Path:
     """The one quality run's JSON in a service's folder (bench.suite writes one a plan)."""
     found = sorted(folder.glob("squad-*.json"))  # its config is squad.serve.yaml
@@ -362,7 +367,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         text, data = prefix_report(runs)
         out = args.folder / "prefix.json"
     elif args.command == "abba":
-        docs = {name: _load(one_json(args.folder / name)) for name in abba_runs(args.a, args.b)}
+        docs = {name: load_run(args.folder / name) for name in abba_runs(args.a, args.b)}
         text, data = abba_report(docs, args.a, args.b)
         out = args.folder / f"{args.b}-against-{args.a}.json"
     elif args.command == "run":

@@ -309,9 +309,10 @@ def run_quality_service(
 def unseen_collection(url: str) -> list[str]:
     """Add CoQA's stories to the running service as a collection; bench.quality's options
     that ask it their first questions."""
+    stories = unseen.load_stories()
     with httpx.Client(base_url=url, timeout=60, trust_env=False) as client:
-        unseen.add_collection(client, unseen.COLLECTION, unseen.documents(unseen.load_stories()))
-    return ["--squad-file", str(unseen.prepare()), "--collection", unseen.COLLECTION]
+        unseen.add_collection(client, unseen.COLLECTION, unseen.documents(stories))
+    return ["--squad-file", str(unseen.prepare(stories)), "--collection", unseen.COLLECTION]
 
 
 def run_plan(plan: Sequence[ServiceVariant], out_dir: Path, base_config: Path) -> Path:

@@ -120,10 +120,11 @@ def load_stories() -> list[CoqaStory]:
     return fetch_stories()
 
 
-def prepare(out: Path = QUESTIONS_FILE) -> Path:
-    """Write the first questions of CoQA's stories as a SQuAD-format file."""
+def prepare(stories: Sequence[CoqaStory] | None = None, out: Path = QUESTIONS_FILE) -> Path:
+    """Write the first questions of `stories` (default: CoQA's) as a SQuAD-format file."""
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(first_questions(load_stories()), ensure_ascii=False), "utf-8")
+    chosen = load_stories() if stories is None else stories
+    out.write_text(json.dumps(first_questions(chosen), ensure_ascii=False), "utf-8")
     return out
 
 
@@ -197,13 +198,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "prepare":
         print(prepare())
         return 0
-    from bench.quality_report import _load, one_json
+    from bench.quality_report import load_run
 
     if args.command == "labels":
         labels = json.loads((args.folder / "hand-labels.json").read_text("utf-8"))["labels"]
         sys.stdout.write(labels_report(labels))
         return 0
-    doc = _load(one_json(args.folder))
+    doc = load_run(args.folder)
     if args.command == "pairs":
         for k, pair in enumerate(attribution_sample(doc)):
             print(f"#{k} {pair['question_id']} [{pair['index']}] Q: {pair['question']}\n"

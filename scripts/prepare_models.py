@@ -498,10 +498,15 @@ def joined_gguf(spec: JoinedGguf, work: Path) -> Path:
     return gguf
 
 
+def gguf_path(spec: JoinedGguf, output_dir: Path = DEFAULT_OUTPUT) -> Path:
+    """Where `prepare_gguf` keeps the joined GGUF of `spec`."""
+    return Path(output_dir) / "gguf" / spec.gguf
+
+
 def prepare_gguf(spec: JoinedGguf, output_dir: Path) -> Path:
-    """The joined GGUF of `spec` itself, kept at `<output_dir>/gguf/<spec.gguf>` for an
-    engine that serves GGUF files (llama.cpp); skipped when it is there at its size."""
-    final = Path(output_dir) / "gguf" / spec.gguf
+    """The joined GGUF of `spec` itself, kept at `gguf_path` for an engine that serves GGUF
+    files (llama.cpp); skipped when it is there at its size."""
+    final = gguf_path(spec, output_dir)
     if final.is_file() and final.stat().st_size == spec.size:
         logger.info("GGUF already joined, skipping: %s", final)
         return final

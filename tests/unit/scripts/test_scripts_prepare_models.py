@@ -197,6 +197,7 @@ def test_prepare_gguf_keeps_the_checked_joined_file_once(
     output = tmp_path / "models"
     first = pm.prepare_gguf(pm.QWEN, output)
     assert first == output / "gguf" / pm.QWEN_GGUF
+    assert pm.gguf_path(pm.QWEN, output) == first
     assert first.read_bytes() == PAYLOAD
     assert sorted(p.name for p in first.parent.iterdir()) == [pm.QWEN_GGUF]  # no temp left
     assert pm.prepare_gguf(pm.QWEN, output) == first
