@@ -232,11 +232,14 @@ async def run_load(
     seed: int,
     request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S,
     deadline_s: float | None = None,
+    answering: asyncio.Event | None = None,
 ) -> list[RequestRecord]:
     """Send `requests` in order, Poisson at `rate_per_s` or at a fixed `concurrency` (exactly
     one of the two), and return one record per request, in the same order. `seed` fixes
     the Poisson gaps. Each request gets at most `request_timeout_s`; none is sent, and none
-    runs, past `deadline_s` from the start. Failures are recorded, never raised or retried."""
+    runs, past `deadline_s` from the start. `answering`, when given, is set as the first
+    token of any response arrives (a fault test strikes the generator then, while it holds
+    requests). Failures are recorded, never raised or retried."""
     if (rate_per_s is None) == (concurrency is None):
         raise ValueError("give exactly one of rate_per_s and concurrency")
     if rate_per_s is not None and not 0 < rate_per_s < math.inf:
@@ -255,7 +258,7 @@ async def run_load(
     async def send(spec: RequestSpec, record: RequestRecord) -> None:
         budget_s = min(request_timeout_s, deadline - time.perf_counter())
         if budget_s > 0:
-            await _send(client, spec, record, start, budget_s)
+            await _send(client, spec, record, start, budget_s, answering)
 
     async with asyncio.TaskGroup() as group:
         if offsets is not None:
@@ -286,6 +289,7 @@ class _Stream:
     """Running state of one response stream."""
 
     sent_at: float
+    answering: asyncio.Event | None = None
     first_at: float | None = None
     last_at: float | None = None
     gaps_s: list[float] = field(default_factory=list)
@@ -311,6 +315,8 @@ class _Stream:
             return
         if self.last_at is None:
             self.first_at = now
+            if self.answering is not None:
+                self.answering.set()
         else:
             self.gaps_s.append(now - self.last_at)
         self.last_at = now
@@ -376,11 +382,12 @@ async def _send(
     record: RequestRecord,
     run_start: float,
     budget_s: float,
+    answering: asyncio.Event | None = None,
 ) -> None:
     """Send one request, read its stream within `budget_s`, and fill `record`."""
     sent_at = time.perf_counter()
     record.send_at_ms = (sent_at - run_start) * 1000
-    stream = _Stream(sent_at)
+    stream = _Stream(sent_at, answering)
     kind: str | None = None
     try:
         async with (

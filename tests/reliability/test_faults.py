@@ -34,12 +34,23 @@ pytestmark = pytest.mark.reliability
 QUESTIONS = DEFAULT_QUESTIONS[:4]
 
 
-def steady_load(service, count: int, kill_after_s: float, victim, max_tokens: int = 8) -> list:
-    """`count` requests from 4 clients; `victim()` (a pid) is killed `kill_after_s` in."""
+def steady_load(
+    service, count: int, kill_after_s: float | None, victim, max_tokens: int = 8
+) -> list:
+    """`count` requests from 4 clients; `victim()` (a pid) is killed `kill_after_s` in, or,
+    when that is None, as the first token of any of them arrives: the generator then holds
+    requests whatever the time the stages before it took (on a slow machine nothing had
+    reached it 2 s in, and the fault went unnoticed)."""
 
     async def run():
+        answering = asyncio.Event()
+
         async def strike():
-            await asyncio.sleep(kill_after_s)
+            if kill_after_s is None:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(answering.wait(), timeout=120)
+            else:
+                await asyncio.sleep(kill_after_s)
             processes.kill(victim())
 
         async with make_client(
@@ -50,7 +61,9 @@ def steady_load(service, count: int, kill_after_s: float, victim, max_tokens: in
                 for i in range(count)
             ]
             striker = asyncio.create_task(strike())
-            records = await run_load(client, specs, rate_per_s=None, concurrency=4, seed=0)
+            records = await run_load(
+                client, specs, rate_per_s=None, concurrency=4, seed=0, answering=answering
+            )
             await striker
             return records
 
@@ -172,7 +185,7 @@ def test_killing_the_vllm_engine_under_load_ends_cleanly_then_recovers(service):
     # check fails, and Serve replaces it.
     [engine] = processes.engine_pids(service.pid)
 
-    records = steady_load(service, 16, kill_after_s=2, victim=lambda: engine, max_tokens=32)
+    records = steady_load(service, 16, kill_after_s=None, victim=lambda: engine, max_tokens=32)
 
     clean_outcomes(records)
     codes = {r.error_code for r in records if not r.ok}
@@ -184,7 +197,7 @@ def test_killing_the_vllm_engine_under_load_ends_cleanly_then_recovers(service):
 def test_killing_the_only_generator_under_load_ends_cleanly_then_recovers(service):
     [generator] = processes.replica_pids(service.pid, "Generator")
 
-    records = steady_load(service, 16, kill_after_s=2, victim=lambda: generator, max_tokens=32)
+    records = steady_load(service, 16, kill_after_s=None, victim=lambda: generator, max_tokens=32)
 
     clean_outcomes(records)
     answered_again(service)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import statistics
+import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
@@ -375,6 +376,33 @@ def test_mid_stream_error_event_fails_the_request_after_its_first_token():
     assert not record.ok and record.status == 200 and record.error_kind == "stream_error"
     assert record.error == "past deadline [timeout]"
     assert record.ttft_ms is not None and record.output_tokens == 2
+
+
+def test_answering_is_set_by_a_first_token_never_by_a_refusal():
+    refused = asyncio.Event()
+    load(FakeServer(lambda _: error_response(503, "full", "overloaded")), [RAG], answering=refused)
+    assert not refused.is_set()
+
+    server = FakeServer(lambda _: rag_steps(["A", "B"], first_s=0.1, gap_s=0.1))
+
+    async def go() -> tuple[float, float, list[RequestRecord]]:
+        answering = asyncio.Event()
+        async with server.client() as client:
+            started = time.perf_counter()
+            load_task = asyncio.create_task(
+                run_load(client, [RAG], rate_per_s=None, concurrency=1, seed=0,
+                         answering=answering)
+            )  # fmt: skip
+            await answering.wait()
+            set_after_s = time.perf_counter() - started
+            records = await load_task
+            return set_after_s, time.perf_counter() - started, records
+
+    set_after_s, ended_after_s, [record] = asyncio.run(go())
+    # Set at the first delta (100 ms in), before the second one ends the stream.
+    assert record.ok and record.ttft_ms is not None
+    assert 0.09 <= set_after_s < ended_after_s
+    assert abs(set_after_s * 1000 - record.ttft_ms) < 50
 
 
 def test_chat_error_chunk_fails_the_request():
