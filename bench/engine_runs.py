@@ -13,6 +13,7 @@ import os
 import time
 import uuid
 from collections.abc import Sequence
+from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
@@ -91,3 +92,28 @@ def engine_rss_bytes() -> int:
         except psutil.Error:
             continue
     return total
+
+
+def make_run_engine_args() -> tuple[str, dict[str, Any]]:
+    """The reader's folder and the engine arguments `make run` gives vLLM on this CPU (the
+    dtype `fastest` resolves to, its binding and environment), for an engine in this process."""
+    from app.config import parse_config
+    from bench.labs import cpu_info
+    from generation.cpuinfo import omp_cores
+    from generation.dtype import resolve_engine_kwargs
+    from pipeline.config_base import PROJECT_ROOT
+    from retrieval.models import resolve_model_reference
+
+    generator = parse_config({}).generator
+    source = resolve_model_reference(generator.model_source, PROJECT_ROOT)
+    kwargs = resolve_engine_kwargs(dict(generator.engine_kwargs), source, cpu_info()[1], False)
+    for key, value in generator.env_vars.items():
+        os.environ.setdefault(key, str(value))
+    if generator.cpu_binding:
+        os.environ["VLLM_CPU_OMP_THREADS_BIND"] = omp_cores(generator.cpu_binding[0])
+    # The service's API server reads some keys (enable_prompt_tokens_details); the engine not.
+    from vllm import AsyncEngineArgs
+
+    known = {f.name for f in fields(AsyncEngineArgs)}
+    engine = {key: value for key, value in kwargs.items() if key in known}
+    return source, {**engine, "model": source, "max_model_len": generator.max_model_len}

@@ -30,12 +30,12 @@ import sys
 import time
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from bench.engine_runs import make_run_engine_args
 from bench.labs import machine, positive_int, utc_now, write_json_and_markdown
 from bench.stats import (
     fmt_interval,
@@ -101,30 +101,6 @@ def _prompts(tokenizer: Any, lengths: Sequence[int]) -> tuple[list[int], list[li
     return prefix, prompts
 
 
-def _engine_args() -> tuple[str, dict[str, Any]]:
-    """The reader's folder and the engine arguments `make run` gives vLLM on this CPU."""
-    from app.config import parse_config
-    from bench.labs import cpu_info
-    from generation.cpuinfo import omp_cores
-    from generation.dtype import resolve_engine_kwargs
-    from pipeline.config_base import PROJECT_ROOT
-    from retrieval.models import resolve_model_reference
-
-    generator = parse_config({}).generator
-    source = resolve_model_reference(generator.model_source, PROJECT_ROOT)
-    kwargs = resolve_engine_kwargs(dict(generator.engine_kwargs), source, cpu_info()[1], False)
-    for key, value in generator.env_vars.items():
-        os.environ.setdefault(key, str(value))
-    if generator.cpu_binding:
-        os.environ["VLLM_CPU_OMP_THREADS_BIND"] = omp_cores(generator.cpu_binding[0])
-    # The service's API server reads some keys (enable_prompt_tokens_details); the engine not.
-    from vllm import AsyncEngineArgs
-
-    known = {f.name for f in fields(AsyncEngineArgs)}
-    engine = {key: value for key, value in kwargs.items() if key in known}
-    return source, {**engine, "model": source, "max_model_len": generator.max_model_len}
-
-
 async def _time_prompts(engine: Any, prompts: Sequence[list[int]]) -> list[dict[str, Any]]:
     """DECODE_TOKENS greedy tokens for each prompt, one prompt at a time: its TTFT, its
     TPOT and the tokens the cache held."""
@@ -155,7 +131,7 @@ def measure(repeats: int, seed: int, out: Path, argv: Sequence[str]) -> dict[str
     from vllm.v1.engine.async_llm import AsyncLLM
 
     started_at = utc_now()
-    source, kwargs = _engine_args()
+    source, kwargs = make_run_engine_args()
     tokenizer = AutoTokenizer.from_pretrained(source)
     lengths = drawn_lengths(repeats, seed)
     prefix, prompts = _prompts(tokenizer, [NEW_TOKENS[0], *lengths])

@@ -275,7 +275,7 @@ def _score(
     result: QuestionResult, reply: RagQueryResponse, question: SquadQuestion, point: SweepPoint
 ) -> None:
     context = reply.context or []
-    answer_for_scoring = _CITATION.sub(" ", reply.answer)
+    answer_for_scoring = without_citations(reply.answer)
     result.answer = reply.answer
     result.exact_match = exact_match(answer_for_scoring, question.gold_answers)
     result.f1 = f1(answer_for_scoring, question.gold_answers)
@@ -303,6 +303,11 @@ def _score(
     result.tpot_ms = reply.tpot_ms
     result.finish_reason = reply.finish_reason
     result.attributions = attributions(reply)
+
+
+def without_citations(text: str) -> str:
+    """`text` with its `[source id]` markers blanked out, as it is scored and judged."""
+    return _CITATION.sub(" ", text)
 
 
 def attributions(reply: RagQueryResponse) -> list[dict[str, Any]]:

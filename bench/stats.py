@@ -425,6 +425,24 @@ def one_sample(values: Iterable[float | None], stat: Statistic = sample_median) 
     return paired_ci(data, [0.0] * len(data), stat=stat)
 
 
+def clustered_share(groups: Sequence[Sequence[float]]) -> Interval | None:
+    """The share of 1s over every value of `groups` (such as the sentences of each answer),
+    with a 95% interval that resamples whole groups, since the values of one group are not
+    independent; n counts the values. None with fewer than 2 non-empty groups."""
+    kept = [_array(group) for group in groups if len(group)]
+    if len(kept) < 2:
+        return None
+    sums = np.array([group.sum() for group in kept])
+    sizes = np.array([group.size for group in kept])
+    rng = np.random.default_rng(SEED)
+    draws = []
+    for _ in range(2000):
+        chosen = rng.integers(0, len(kept), len(kept))
+        draws.append(sums[chosen].sum() / sizes[chosen].sum())
+    low, high = np.percentile(draws, [2.5, 97.5])
+    return Interval(float(sums.sum() / sizes.sum()), float(low), float(high), int(sizes.sum()))
+
+
 def paired_ratio(pairs: Iterable[tuple[float | None, float | None]]) -> Interval | None:
     """The median per-pair ratio a / b with its 95% interval (bootstrap on the logs); pairs
     with a side missing or not positive are left out; None with fewer than 2 pairs."""

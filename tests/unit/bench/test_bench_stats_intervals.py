@@ -11,6 +11,7 @@ import pytest
 from bench.stats import (
     NO_DIFFERENCE,
     Interval,
+    clustered_share,
     difference_verdict,
     fmt_interval,
     fmt_ratio,
@@ -259,3 +260,11 @@ def test_formats():
     assert fmt_ratio(Interval(1.05, 0.85, 1.39, 4)) == f"1.05x [0.85, 1.39]: {NO_DIFFERENCE}"
     assert fmt_interval(Interval(0.8, 0.7, 0.88, 120)) == "0.800 [0.700, 0.880] (n=120)"
     assert fmt_interval(None) == "-"
+
+
+def test_clustered_share_counts_values_and_resamples_whole_groups():
+    share = clustered_share([[1.0, 1.0, 0.0], [0.0], [1.0, 1.0]])
+    assert share is not None and share.n == 6
+    assert share.estimate == pytest.approx(4 / 6)
+    assert 0.0 <= share.low <= share.estimate <= share.high <= 1.0
+    assert clustered_share([[1.0, 0.0], []]) is None
