@@ -167,12 +167,11 @@ def agreement(folder: Path, judged: Sequence[Mapping[str, Any]] | None = None) -
         judged = load_judged(folder)["pairs"]
     by_key = {(p["question_id"], p["point"], p["index"]): p for p in judged}
     points = {p["point"] for p in judged}
-    pairs = []
+    matched = []
     for label in labels:
         point = label.get("point") or (next(iter(points)) if len(points) == 1 else None)
-        pairs.append(
-            (label["label"], by_key[(label["question_id"], point, label["index"])]["verdict"])
-        )
+        matched.append((label["label"], by_key[(label["question_id"], point, label["index"])]))
+    pairs = [(hand, judged["verdict"]) for hand, judged in matched]
     agree = [float(hand == judge) for hand, judge in pairs]
     always = [float(hand == "supported") for hand, _ in pairs]
     rows = [
@@ -183,10 +182,27 @@ def agreement(folder: Path, judged: Sequence[Mapping[str, Any]] | None = None) -
         ["supported share, judge minus hand", fmt_difference(paired_difference(
             (float(j == "supported"), float(h == "supported")) for h, j in pairs))],
     ]  # fmt: skip
-    text = markdown_table(["measure", f"n = {len(pairs)} pairs"], rows) + "\n\n"
+    every = [float(p["verdict"] == "supported") for p in judged]
+    rows.append([f"judge's supported share of all {len(every)} pairs of the run",
+                 fmt_interval(one_sample(every, sample_mean))])  # fmt: skip
+    text = markdown_table(["measure", f"n = {len(pairs)} labelled pairs"], rows) + "\n\n"
     confusion = [[hand] + [sum(1 for h, j in pairs if h == hand and j == judge)
                            for judge in VERDICTS] for hand in VERDICTS]  # fmt: skip
-    return text + markdown_table(["hand \\ judge", *VERDICTS], confusion) + "\n"
+    text += markdown_table(["hand \\ judge", *VERDICTS], confusion) + "\n\n"
+    return text + _p_yes_by_label(matched)
+
+
+def _p_yes_by_label(matched: Sequence[tuple[str, Mapping[str, Any]]]) -> str:
+    """Per hand label, the median P(yes) the judge gave to each of its two questions."""
+    rows = []
+    for hand in VERDICTS:
+        judged = [p for h, p in matched if h == hand]
+        rows.append([hand, len(judged)] + [
+            fmt_interval(one_sample(p[key] for p in judged))
+            for key in ("p_support", "p_contradiction")
+        ])  # fmt: skip
+    header = ["hand label", "pairs", "median P(yes), supported?", "median P(yes), contradicted?"]
+    return markdown_table(header, rows) + "\n"
 
 
 def main(argv: Sequence[str] | None = None) -> int:

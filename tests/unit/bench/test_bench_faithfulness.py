@@ -54,8 +54,10 @@ def test_verdict_puts_support_first_then_contradiction(support, contradiction, e
 
 
 def judged(question_id: str, verdict: str, point: str = "sentences@0.5 k=5", index: int = 0):
+    p = 0.9 if verdict == "supported" else 0.2
     return {"question_id": question_id, "index": index, "point": point,
-            "answer_style": "explained", "verdict": verdict}  # fmt: skip
+            "answer_style": "explained", "verdict": verdict, "p_support": p,
+            "p_contradiction": 0.1}  # fmt: skip
 
 
 def test_agreement_matches_labels_to_verdicts_by_question_and_index(tmp_path: Path):
@@ -71,3 +73,5 @@ def test_agreement_matches_labels_to_verdicts_by_question_and_index(tmp_path: Pa
     assert '| "supported" always agrees | 0.667 ' in text
     assert "| supported | 1 | 1 | 0 |" in text
     assert "| contradicted | 1 | 0 | 0 |" in text
+    # The hand's two supported pairs got P(yes) 0.9 and 0.2 to the support question.
+    assert "| supported | 2 | 0.550 " in text
