@@ -19,7 +19,7 @@ export RAY_USAGE_STATS_ENABLED := 0
 # Serve's proxy checks the API key before it reads a body (app/proxy_guard.py).
 export RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH := deployments.proxy_callback.middlewares
 
-.PHONY: setup install models models-qwen models-qwen15 models-quantized models-int8 run-int8 bench-quantization index browser prometheus monitor dashboard kuberay-manifest advise gpu-costs gpu-smoke gpu-lock-check run test lint unit integration reliability chaos bench bench-reuse bench-prefix bench-int8-service bench-quick eval eval-quick eval-default peer bench-peer stop clean
+.PHONY: setup install models models-qwen models-qwen15 models-quantized models-int8 run-int8 bench-quantization index browser prometheus monitor dashboard kuberay-manifest advise gpu-costs gpu-smoke gpu-lock-check run test lint unit integration reliability chaos bench bench-reuse bench-prefix bench-int8-service bench-quick eval eval-quick eval-default peer bench-peer bench-unseen stop clean
 
 setup: install models index
 
@@ -308,6 +308,21 @@ bench-peer: setup models-qwen15 peer
 	$(BIN)/python -m bench.floor measure --out $(PEER)/floor/engine.json
 	$(BIN)/python -m bench.peer timings $(PEER)/pipeline/pipeline-? $(PEER)/naive/naive-?
 	$(BIN)/python -m bench.floor report $(PEER)/floor/engine.json $(PEER)/*/vllm-?
+
+# Answers on documents the service never saw (issue 53; about 90 minutes here): CoQA's 500
+# stories added as a collection through the API, make run as shipped on 100 first
+# questions, then each compression method on 50 and the short style on 100, then 25
+# follow-up conversations of 4 turns; then the faithfulness judge on the first run. Hand
+# labels (bench.unseen pairs / labels) and the judge's check are in docs/results/unseen/.
+UNSEEN = bench-results/unseen
+bench-unseen: setup models-qwen15
+	$(BIN)/python -m bench.unseen prepare
+	$(SUITE) --plan unseen-default --out $(UNSEEN)/default
+	$(SUITE) --plan unseen-reader --out $(UNSEEN)/reader
+	$(SUITE) --plan unseen-short --out $(UNSEEN)/short
+	$(BIN)/python -m bench.unseen report $(UNSEEN)/default
+	$(BIN)/python -m bench.followups --out $(UNSEEN)/followups
+	$(BIN)/python -m bench.faithfulness judge $(UNSEEN)/default
 
 # Quality lab, quick plan: SQuAD dev indexed once (about 4 minutes), 25 questions x 3 settings.
 eval-quick: setup

@@ -144,3 +144,29 @@ def repeated_sentences(answer_text: str) -> int:
         repeats += normalized in seen
         seen.add(normalized)
     return repeats
+
+
+# A sentence restates an earlier answer's when their word sets overlap this much (Jaccard):
+# the same claim, a word or two changed.
+RESTATE_JACCARD = 0.8
+
+
+def _sentence_words(text: str) -> list[set[str]]:
+    """The word sets of `text`'s sentences of at least _REPEAT_MIN_WORDS words, normalised,
+    citations left out."""
+    sentences = []
+    for start, end in split_sentences(text):
+        words = normalize_answer(_CITATION_GROUP.sub(" ", text[start:end])).split()
+        if len(words) >= _REPEAT_MIN_WORDS:
+            sentences.append(set(words))
+    return sentences
+
+
+def restated_sentences(answer_text: str, earlier_answers: Iterable[str]) -> int:
+    """How many of the answer's sentences say again, word for word or nearly (RESTATE_JACCARD),
+    what a sentence of an earlier answer of the conversation said."""
+    earlier = [words for text in earlier_answers for words in _sentence_words(text)]
+    return sum(
+        any(len(words & before) / len(words | before) >= RESTATE_JACCARD for before in earlier)
+        for words in _sentence_words(answer_text)
+    )

@@ -37,7 +37,7 @@ from typing import Any
 import httpx
 
 from bench.coqa import CoqaStory
-from bench.stats import fmt_interval, one_sample, sample_mean
+from bench.stats import clustered_share, fmt_interval, one_sample, sample_mean
 from bench.tables import markdown_table
 
 logger = logging.getLogger(__name__)
@@ -52,6 +52,13 @@ JOB_POLL_S = 0.5
 
 class UnseenError(RuntimeError):
     """The collection could not be made; the message says which step and why."""
+
+
+def empty_collections_root() -> None:
+    """Start a run on no collection: remove the lab's collections folder."""
+    import shutil
+
+    shutil.rmtree(COLLECTIONS_ROOT, ignore_errors=True)
 
 
 def document_id(story: CoqaStory) -> str:
@@ -157,30 +164,46 @@ def report(doc: Mapping[str, Any]) -> str:
 
 
 LABEL_SAMPLE = 60  # attributions drawn (seed 0) for hand labels
-LABELS = {"supported", "not supported", "contradicted"}
+LABELS = ("supported", "not supported", "contradicted")
 
 
-def attribution_sample(doc: Mapping[str, Any], n: int = LABEL_SAMPLE) -> list[dict[str, Any]]:
-    """`n` of the run's attributions drawn at random (seed 0), each with its question, the
-    record's question id and its index among that record's attributions."""
+def attribution_sample(
+    doc: Mapping[str, Any], n: int = LABEL_SAMPLE, point: str | None = None
+) -> list[dict[str, Any]]:
+    """`n` of the run's attributions (of sweep point `point` only, when given) drawn at
+    random (seed 0), each with its question, the record's question id and point, and its
+    index among that record's attributions."""
     import random
 
-    pairs = [{"question_id": r["question_id"], "index": i, "question": r["question"], **a}
-             for r in doc["results"]
+    pairs = [{"question_id": r["question_id"], "point": r["point"], "index": i,
+              "question": r["question"], **a}
+             for r in doc["results"] if point is None or r["point"] == point
              for i, a in enumerate(r.get("attributions") or [])]  # fmt: skip
     return random.Random(0).sample(pairs, min(n, len(pairs)))
 
 
 def labels_report(labels: Sequence[Mapping[str, Any]]) -> str:
-    """Each label's share of the hand-labelled attributions, with its 95% interval."""
-    unknown = {str(x["label"]) for x in labels} - LABELS
+    """Per setting (a label's `point`; one row when labels name none): the labelled pairs,
+    the answers they come from, and each label's count and share with its 95% interval,
+    resampling whole answers (the sentences of one answer are not independent)."""
+    unknown = {str(x["label"]) for x in labels} - set(LABELS)
     if unknown:
         raise UnseenError(f"labels {sorted(unknown)} are not among {sorted(LABELS)}")
+    settings: dict[str, list[Mapping[str, Any]]] = {}
+    for x in labels:
+        settings.setdefault(str(x.get("point", "")), []).append(x)
     rows = []
-    for label in ("supported", "not supported", "contradicted"):
-        hits = [float(x["label"] == label) for x in labels]
-        rows.append([label, int(sum(hits)), fmt_interval(one_sample(hits, sample_mean))])
-    return markdown_table(["label", "count", f"share of {len(labels)}"], rows) + "\n"
+    for setting, chosen in settings.items():
+        answers: dict[str, list[Mapping[str, Any]]] = {}
+        for x in chosen:
+            answers.setdefault(str(x.get("question_id", id(x))), []).append(x)
+        row: list[Any] = [setting or "the run's", len(chosen), len(answers)]
+        for label in LABELS:
+            groups = [[float(x["label"] == label) for x in g] for g in answers.values()]
+            count = sum(x["label"] == label for x in chosen)
+            row.append(f"{count}: {fmt_interval(clustered_share(groups))}")
+        rows.append(row)
+    return markdown_table(["setting", "pairs", "answers", *LABELS], rows) + "\n"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -191,6 +214,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     summary.add_argument("folder", type=Path, help="the run's folder (bench.suite --out)")
     drawn = commands.add_parser("pairs", help="print the attributions drawn for labels")
     drawn.add_argument("folder", type=Path)
+    drawn.add_argument("--point", help="only this sweep point's (its name, as records give it)")
+    drawn.add_argument("--n", type=int, default=LABEL_SAMPLE, help="how many to draw")
     tally = commands.add_parser("labels", help="tally <folder>/hand-labels.json")
     tally.add_argument("folder", type=Path)
     args = parser.parse_args(argv)
@@ -206,8 +231,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     doc = load_run(args.folder)
     if args.command == "pairs":
-        for k, pair in enumerate(attribution_sample(doc)):
-            print(f"#{k} {pair['question_id']} [{pair['index']}] Q: {pair['question']}\n"
+        for k, pair in enumerate(attribution_sample(doc, args.n, args.point)):
+            print(f"#{k} {pair['question_id']} {pair['point']} [{pair['index']}] "
+                  f"Q: {pair['question']}\n"
                   f"  A: {pair['answer_sentence'].strip()}\n"
                   f"  S: {pair['source_sentence'].strip()}")  # fmt: skip
         return 0

@@ -117,12 +117,27 @@ def test_the_unseen_plan_asks_its_collection_through_quality_run(
 
 def test_the_label_sample_is_seeded_and_the_tally_refuses_unknown_labels() -> None:
     pair = {"answer_sentence": "a", "source_id": "s#0", "source_sentence": "b", "score": 1.0}
-    doc = {"results": [{"question_id": f"q{i}", "question": "?", "attributions": [pair] * 3}
-                       for i in range(30)]}  # fmt: skip
+    doc = {"results": [{"question_id": f"q{i}", "question": "?", "point": f"p{i % 2}",
+                        "attributions": [pair] * 3} for i in range(30)]}  # fmt: skip
     first = unseen.attribution_sample(doc, 10)
     assert first == unseen.attribution_sample(doc, 10)
     assert len(first) == 10 and len({(p["question_id"], p["index"]) for p in first}) == 10
-    labels = [{"label": "supported"}] * 3 + [{"label": "contradicted"}]
-    assert "| supported | 3 | 0.750" in unseen.labels_report(labels)
+    only = unseen.attribution_sample(doc, 100, point="p1")
+    assert len(only) == 45 and {p["point"] for p in only} == {"p1"}
+    labels = [{"question_id": f"q{i}", "label": "supported"} for i in range(3)]
+    labels.append({"question_id": "q0", "label": "contradicted"})
+    text = unseen.labels_report(labels)
+    # 4 pairs from 3 answers: 3 supported, 1 contradicted.
+    assert (
+        "| the run's | 4 | 3 | 3: 0.750 " in text
+        and "| 0: 0.000 [0.000, 0.000] (n=4) | 1: 0.250 " in text
+    )
+    per_point = unseen.labels_report(
+        [{**x, "point": "none k=5"} for x in labels[:2]]
+        + [{**labels[2], "point": "sentences@0.5 k=5"}]
+    )
+    assert (
+        "| none k=5 | 2 | 2 | 2: 1.000 " in per_point and "| sentences@0.5 k=5 | 1 |" in per_point
+    )
     with pytest.raises(unseen.UnseenError, match="maybe"):
         unseen.labels_report([{"label": "maybe"}])

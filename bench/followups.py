@@ -1,0 +1,158 @@
+"""Follow-up questions as a user asks them: does an answer end, and does it say again what
+the conversation's earlier answers said?
+
+`make run` as shipped (its reader, style, compression and default answer length; nothing in
+the request but the question, its history and the collection) over CoQA's stories added as
+a collection through the API (bench.unseen). CoQA's conversations are questions a person
+asked one after another about one story ("What color was Cotton?" "Where did she live?").
+N stories with at least T turns are drawn at random (seed 0); each conversation's first T
+questions are asked in order, each with the history a client sends: the earlier questions
+and the service's own answers to them.
+
+    python -m bench.followups --out docs/results/followups [--conversations 25 --turns 4]
+
+Per answer: whether it ended on its own (finish reason `stop`, not the token cap), how
+many of its sentences repeat an earlier sentence of the same answer
+(bench.squad_metrics.repeated_sentences), how many restate a sentence of an earlier answer
+of the conversation (restated_sentences: word for word or nearly), and whether it holds
+one of CoQA's gold answers. `report` tallies first questions and follow-ups apart.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import random
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from bench import unseen
+from bench.client import post_query
+from bench.coqa import CoqaStory
+from bench.labs import machine, positive_int, utc_now, variant_service, write_json_and_markdown
+from bench.quality import without_citations
+from bench.squad_metrics import answer_survives, repeated_sentences, restated_sentences
+from bench.stats import fmt_interval, one_sample, sample_mean
+from bench.tables import markdown_table
+
+logger = logging.getLogger(__name__)
+
+TIMEOUT_S = 180.0
+BASE_CONFIG = Path("serve_config.yaml")
+
+
+def draw_conversations(
+    stories: Sequence[CoqaStory], count: int, turns: int, seed: int = 0
+) -> list[CoqaStory]:
+    """`count` stories of at least `turns` turns, drawn at random with `seed`."""
+    long_enough = [story for story in stories if len(story.turns) >= turns]
+    return random.Random(seed).sample(long_enough, min(count, len(long_enough)))
+
+
+def converse(
+    client: httpx.Client, story: CoqaStory, turns: int, collection: str
+) -> list[dict[str, Any]]:
+    """Ask the story's first `turns` questions in order, each with the questions and the
+    service's answers before it as history; one record a turn (a failed turn ends the
+    conversation: its history would be wrong)."""
+    history: list[dict[str, str]] = []
+    records: list[dict[str, Any]] = []
+    for number, turn in enumerate(story.turns[:turns], start=1):
+        body = {"question": turn.question, "history": list(history), "collection": collection}
+        outcome = post_query(client, body, TIMEOUT_S)
+        record: dict[str, Any] = {
+            "story_id": story.story_id, "turn": number, "question": turn.question,
+            "gold_answers": list(turn.answers), "client_ms": outcome.client_ms,
+            "error": outcome.error,
+        }  # fmt: skip
+        records.append(record)
+        reply = outcome.reply
+        if reply is None:
+            break
+        earlier = [t["content"] for t in history if t["role"] == "assistant"]
+        text = without_citations(reply.answer)
+        record.update(
+            answer=reply.answer, finish_reason=reply.finish_reason,
+            completion_tokens=reply.usage.completion_tokens,
+            repeated_sentences=repeated_sentences(reply.answer),
+            restated_sentences=restated_sentences(reply.answer, earlier),
+            contains_gold=answer_survives(text, turn.answers),
+            ttft_ms=reply.timings_ms.ttft, total_ms=reply.timings_ms.total,
+        )  # fmt: skip
+        history += [{"role": "user", "content": turn.question},
+                    {"role": "assistant", "content": reply.answer}]  # fmt: skip
+    return records
+
+
+def _share(records: Sequence[Mapping[str, Any]], key: str) -> str:
+    """`k of n`, and the share's 95% interval where there are two records or more."""
+    hits = [float(bool(r[key])) for r in records]
+    interval = one_sample(hits, sample_mean)
+    text = f"{int(sum(hits))} of {len(hits)}"
+    return text if interval is None else f"{text}: {interval.text(3)}"
+
+
+def report(doc: Mapping[str, Any]) -> str:
+    """First questions and follow-ups apart: answers, ended on their own, repeating a
+    sentence of their own, restating an earlier answer, holding a gold answer, and the
+    median completion tokens, with 95% intervals."""
+    answered = [r for r in doc["records"] if r.get("error") is None]
+    groups = {"first questions": [r for r in answered if r["turn"] == 1],
+              "follow-ups": [r for r in answered if r["turn"] > 1]}  # fmt: skip
+    rows = []
+    for name, records in groups.items():
+        ended = [{"stop": r["finish_reason"] == "stop"} for r in records]
+        rows.append([
+            name, len(records), _share(ended, "stop"), _share(records, "repeated_sentences"),
+            _share(records, "restated_sentences"), _share(records, "contains_gold"),
+            fmt_interval(one_sample(r["completion_tokens"] for r in records), 0),
+        ])  # fmt: skip
+    failed = len(doc["records"]) - len(answered)
+    header = ["questions", "answers", "ended on its own", "repeats its own sentence",
+              "restates an earlier answer", "contains gold", "tokens p50"]  # fmt: skip
+    return markdown_table(header, rows) + f"\nFailed requests: {failed}.\n"
+
+
+def run(conversations: int, turns: int, out: Path, argv: Sequence[str]) -> dict[str, Any]:
+    """Serve make run as shipped, add the stories, hold the conversations, write the run."""
+    started_at = utc_now()
+    stories = unseen.load_stories()
+    chosen = draw_conversations(stories, conversations, turns)
+    overrides = {"collections.root": str(unseen.COLLECTIONS_ROOT)}
+    unseen.empty_collections_root()
+    records: list[dict[str, Any]] = []
+    with (
+        variant_service(BASE_CONFIG, overrides, out, "followups") as url,
+        httpx.Client(base_url=url, timeout=60, trust_env=False) as client,
+    ):
+        unseen.add_collection(client, unseen.COLLECTION, unseen.documents(stories))
+        for k, story in enumerate(chosen, start=1):
+            records += converse(client, story, turns, unseen.COLLECTION)
+            logger.info("conversation %d of %d done", k, len(chosen))
+    doc = {"command": "python -m bench.followups " + " ".join(argv), "machine": machine(),
+           "started_at": started_at, "ended_at": utc_now(), "conversations": len(chosen),
+           "turns": turns, "seed": 0, "records": records}  # fmt: skip
+    write_json_and_markdown(out, "followups", doc, report(doc))
+    return doc
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args_list = list(sys.argv[1:] if argv is None else argv)
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--conversations", type=positive_int, default=25)
+    parser.add_argument("--turns", type=positive_int, default=4)
+    parser.add_argument("--out", type=Path, default=Path("docs/results/followups"))
+    args = parser.parse_args(args_list)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    doc = run(args.conversations, args.turns, args.out, args_list)
+    sys.stdout.write(report(doc))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
