@@ -141,12 +141,18 @@ def _share(results: Sequence[Mapping[str, Any]], test: Callable[[Mapping[str, An
 
 
 def report(doc: Mapping[str, Any]) -> str:
-    """Per group (every answered question; those whose story was retrieved): n, recall@k,
-    contains-gold, F1, answers that ended on their own, answers repeating a sentence, and
-    the TTFT and whole-answer medians, each with its 95% interval."""
+    """Per sweep point (when the run has several) and group (every answered question;
+    those whose story was retrieved): n, recall@k, contains-gold, F1, answers that ended on
+    their own, answers repeating a sentence, and the TTFT and whole-answer medians, each
+    with its 95% interval."""
     answered = [r for r in doc["results"] if r.get("error") is None]
-    groups = {"all answered": answered,
-              "story retrieved": [r for r in answered if r.get("recall")]}  # fmt: skip
+    points = list(dict.fromkeys(r["point"] for r in answered))
+    groups = {}
+    for point in points:
+        mine = [r for r in answered if r["point"] == point]
+        prefix = f"{point}: " if len(points) > 1 else ""
+        groups[prefix + "all answered"] = mine
+        groups[prefix + "story retrieved"] = [r for r in mine if r.get("recall")]
     rows = []
     for name, results in groups.items():
         rows.append([

@@ -79,10 +79,10 @@ def test_a_failed_job_stops_the_lab() -> None:
 
 
 def test_report_gives_the_scores_over_all_and_over_retrieved_stories() -> None:
-    def result(recall: float, gold: bool, finish: str) -> dict[str, object]:
+    def result(recall: float, gold: bool, finish: str, point: str = "p") -> dict[str, object]:
         return {"error": None, "recall": recall, "contains_gold": gold, "f1": 0.5,
                 "finish_reason": finish, "repeated_sentences": 0, "ttft_ms": 1000.0,
-                "total_ms": 5000.0}  # fmt: skip
+                "total_ms": 5000.0, "point": point}  # fmt: skip
 
     results = [result(1.0, True, "stop"), result(1.0, True, "stop"),
                result(0.0, False, "length"), {"error": "HTTP 503"}]  # fmt: skip
@@ -91,6 +91,14 @@ def test_report_gives_the_scores_over_all_and_over_retrieved_stories() -> None:
     assert all_row.startswith("| all answered | 3 | 0.667")
     assert retrieved_row.startswith("| story retrieved | 2 | 1.000")
     assert "| 1.000 [1.000, 1.000]" in retrieved_row  # contains gold, ended on its own
+    # A run of several settings: each setting's rows apart.
+    two = unseen.report({"results": [*results[:3], result(0.0, False, "stop", "q")]})
+    assert [line.split(" | ")[0] for line in two.splitlines()[2:]] == [
+        "| p: all answered",
+        "| p: story retrieved",
+        "| q: all answered",
+        "| q: story retrieved",
+    ]
 
 
 def test_the_unseen_plan_asks_its_collection_through_quality_run(
