@@ -141,10 +141,11 @@ def _share(results: Sequence[Mapping[str, Any]], test: Callable[[Mapping[str, An
 
 
 def report(doc: Mapping[str, Any]) -> str:
-    """Per sweep point (when the run has several) and group (every answered question;
-    those whose story was retrieved): n, recall@k, contains-gold, F1, answers that ended on
-    their own, answers repeating a sentence, and the TTFT and whole-answer medians, each
-    with its 95% interval."""
+    """Per sweep point (when the run has several) and group (every answered question; those
+    whose story was retrieved; of those, the ones whose gold answer the compressed context
+    still held): n, recall@k, answer kept, contains-gold, F1, answers that ended on their
+    own, answers repeating a sentence, and the TTFT and whole-answer medians, each with its
+    95% interval. The groups say where answers are lost: retrieval, compression, reading."""
     answered = [r for r in doc["results"] if r.get("error") is None]
     points = list(dict.fromkeys(r["point"] for r in answered))
     groups = {}
@@ -152,11 +153,14 @@ def report(doc: Mapping[str, Any]) -> str:
         mine = [r for r in answered if r["point"] == point]
         prefix = f"{point}: " if len(points) > 1 else ""
         groups[prefix + "all answered"] = mine
-        groups[prefix + "story retrieved"] = [r for r in mine if r.get("recall")]
+        retrieved = [r for r in mine if r.get("recall")]
+        groups[prefix + "story retrieved"] = retrieved
+        groups[prefix + "retrieved, answer kept"] = [r for r in retrieved if r["answer_survived"]]
     rows = []
     for name, results in groups.items():
         rows.append([
             name, len(results), _share(results, lambda r: bool(r["recall"])),
+            _share(results, lambda r: bool(r["answer_survived"])),
             _share(results, lambda r: bool(r["contains_gold"])),
             fmt_interval(one_sample([r["f1"] for r in results], sample_mean)),
             _share(results, lambda r: r.get("finish_reason") == "stop"),
@@ -164,8 +168,9 @@ def report(doc: Mapping[str, Any]) -> str:
             fmt_interval(one_sample(r.get("ttft_ms") for r in results), 0),
             fmt_interval(one_sample(r.get("total_ms") for r in results), 0),
         ])  # fmt: skip
-    header = ["questions", "n", "recall@5", "contains gold", "F1", "ended on its own",
-              "repeats a sentence", "TTFT p50 ms", "answer p50 ms"]  # fmt: skip
+    header = ["questions", "n", "recall@5", "answer kept", "contains gold", "F1",
+              "ended on its own", "repeats a sentence", "TTFT p50 ms",
+              "answer p50 ms"]  # fmt: skip
     return markdown_table(header, rows) + "\n"
 
 

@@ -82,22 +82,25 @@ def test_report_gives_the_scores_over_all_and_over_retrieved_stories() -> None:
     def result(recall: float, gold: bool, finish: str, point: str = "p") -> dict[str, object]:
         return {"error": None, "recall": recall, "contains_gold": gold, "f1": 0.5,
                 "finish_reason": finish, "repeated_sentences": 0, "ttft_ms": 1000.0,
-                "total_ms": 5000.0, "point": point}  # fmt: skip
+                "total_ms": 5000.0, "point": point, "answer_survived": gold}  # fmt: skip
 
     results = [result(1.0, True, "stop"), result(1.0, True, "stop"),
                result(0.0, False, "length"), {"error": "HTTP 503"}]  # fmt: skip
     text = unseen.report({"results": results})
-    all_row, retrieved_row = text.splitlines()[2:4]
+    all_row, retrieved_row, kept_row = text.splitlines()[2:5]
     assert all_row.startswith("| all answered | 3 | 0.667")
     assert retrieved_row.startswith("| story retrieved | 2 | 1.000")
+    assert kept_row.startswith("| retrieved, answer kept | 2 | 1.000")
     assert "| 1.000 [1.000, 1.000]" in retrieved_row  # contains gold, ended on its own
     # A run of several settings: each setting's rows apart.
     two = unseen.report({"results": [*results[:3], result(0.0, False, "stop", "q")]})
     assert [line.split(" | ")[0] for line in two.splitlines()[2:]] == [
         "| p: all answered",
         "| p: story retrieved",
+        "| p: retrieved, answer kept",
         "| q: all answered",
         "| q: story retrieved",
+        "| q: retrieved, answer kept",
     ]
 
 
