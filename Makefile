@@ -321,7 +321,7 @@ bench-unseen: setup models-qwen15
 	$(SUITE) --plan unseen-reader --out $(UNSEEN)/reader
 	$(SUITE) --plan unseen-short --out $(UNSEEN)/short
 	$(BIN)/python -m bench.unseen report $(UNSEEN)/default
-	$(BIN)/python -m bench.followups --out $(UNSEEN)/followups
+	$(BIN)/python -m bench.followups run --out $(UNSEEN)/followups
 	$(BIN)/python -m bench.faithfulness judge $(UNSEEN)/default
 
 # Quality lab, quick plan: SQuAD dev indexed once (about 4 minutes), 25 questions x 3 settings.

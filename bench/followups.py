@@ -9,18 +9,22 @@ N stories with at least T turns are drawn at random (seed 0); each conversation'
 questions are asked in order, each with the history a client sends: the earlier questions
 and the service's own answers to them.
 
-    python -m bench.followups --out docs/results/followups [--conversations 25 --turns 4]
+    python -m bench.followups run --out docs/results/followups [--conversations 25 --turns 4]
+    python -m bench.followups report docs/results/followups
 
 Per answer: whether it ended on its own (finish reason `stop`, not the token cap), how
 many of its sentences repeat an earlier sentence of the same answer
-(bench.squad_metrics.repeated_sentences), how many restate a sentence of an earlier answer
-of the conversation (restated_sentences: word for word or nearly), and whether it holds
-one of CoQA's gold answers. `report` tallies first questions and follow-ups apart.
+(bench.squad_metrics.repeated_sentences), whether it restates a sentence of an earlier
+answer of the conversation (restated_sentences: word for word or nearly; counted again
+with the prompt's refusal sentence left out, since saying "The sources do not say." twice
+restates no answer), and whether it holds one of CoQA's gold answers. `report` tallies
+first questions and follow-ups apart.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import random
 import sys
@@ -42,6 +46,9 @@ from bench.tables import markdown_table
 logger = logging.getLogger(__name__)
 
 TIMEOUT_S = 180.0
+# The reply the short style's prompt prescribes when the sources hold no answer, and the
+# explained style's usual wording of its rule 1 ("say that the sources do not say").
+REFUSAL = "The sources do not say."
 BASE_CONFIG = Path("serve_config.yaml")
 
 
@@ -73,13 +80,11 @@ def converse(
         reply = outcome.reply
         if reply is None:
             break
-        earlier = [t["content"] for t in history if t["role"] == "assistant"]
         text = without_citations(reply.answer)
         record.update(
             answer=reply.answer, finish_reason=reply.finish_reason,
             completion_tokens=reply.usage.completion_tokens,
             repeated_sentences=repeated_sentences(reply.answer),
-            restated_sentences=restated_sentences(reply.answer, earlier),
             contains_gold=answer_survives(text, turn.answers),
             ttft_ms=reply.timings_ms.ttft, total_ms=reply.timings_ms.total,
         )  # fmt: skip
@@ -96,11 +101,36 @@ def _share(records: Sequence[Mapping[str, Any]], key: str) -> str:
     return text if interval is None else f"{text}: {interval.text(3)}"
 
 
+def without_refusal(answer: str) -> str:
+    """`answer` without the sentence the prompt tells the reader to give when the sources
+    hold no answer: saying it again is not restating an answer."""
+    return answer.replace(REFUSAL, " ")
+
+
+def restatements(records: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Each answered record with `restates` (a sentence of it says again what an earlier
+    answer of its conversation said) and `restates_content` (the same, the refusal sentence
+    left out on both sides), from the answers as the records keep them."""
+    earlier: dict[str, list[str]] = {}
+    scored = []
+    for record in sorted(records, key=lambda r: (r["story_id"], r["turn"])):
+        if record.get("error") is not None:
+            continue
+        before = earlier.setdefault(record["story_id"], [])
+        scored.append({**record,
+                       "restates": restated_sentences(record["answer"], before),
+                       "restates_content": restated_sentences(
+                           without_refusal(record["answer"]),
+                           [without_refusal(a) for a in before])})  # fmt: skip
+        before.append(record["answer"])
+    return scored
+
+
 def report(doc: Mapping[str, Any]) -> str:
     """First questions and follow-ups apart: answers, ended on their own, repeating a
-    sentence of their own, restating an earlier answer, holding a gold answer, and the
-    median completion tokens, with 95% intervals."""
-    answered = [r for r in doc["records"] if r.get("error") is None]
+    sentence of their own, restating an earlier answer (with and without the refusal
+    sentence), holding a gold answer, and the median completion tokens, with 95% intervals."""
+    answered = restatements(doc["records"])
     groups = {"first questions": [r for r in answered if r["turn"] == 1],
               "follow-ups": [r for r in answered if r["turn"] > 1]}  # fmt: skip
     rows = []
@@ -108,12 +138,14 @@ def report(doc: Mapping[str, Any]) -> str:
         ended = [{"stop": r["finish_reason"] == "stop"} for r in records]
         rows.append([
             name, len(records), _share(ended, "stop"), _share(records, "repeated_sentences"),
-            _share(records, "restated_sentences"), _share(records, "contains_gold"),
+            _share(records, "restates"), _share(records, "restates_content"),
+            _share(records, "contains_gold"),
             fmt_interval(one_sample(r["completion_tokens"] for r in records), 0),
         ])  # fmt: skip
     failed = len(doc["records"]) - len(answered)
     header = ["questions", "answers", "ended on its own", "repeats its own sentence",
-              "restates an earlier answer", "contains gold", "tokens p50"]  # fmt: skip
+              "restates an earlier answer", "the same, refusals left out", "contains gold",
+              "tokens p50"]  # fmt: skip
     return markdown_table(header, rows) + f"\nFailed requests: {failed}.\n"
 
 
@@ -143,13 +175,21 @@ def run(conversations: int, turns: int, out: Path, argv: Sequence[str]) -> dict[
 def main(argv: Sequence[str] | None = None) -> int:
     args_list = list(sys.argv[1:] if argv is None else argv)
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--conversations", type=positive_int, default=25)
-    parser.add_argument("--turns", type=positive_int, default=4)
-    parser.add_argument("--out", type=Path, default=Path("docs/results/followups"))
+    commands = parser.add_subparsers(dest="command", required=True)
+    hold = commands.add_parser("run", help="serve make run, hold the conversations, report")
+    hold.add_argument("--conversations", type=positive_int, default=25)
+    hold.add_argument("--turns", type=positive_int, default=4)
+    hold.add_argument("--out", type=Path, default=Path("docs/results/followups"))
+    tally = commands.add_parser("report", help="rewrite <folder>/followups.md from its JSON")
+    tally.add_argument("folder", type=Path)
     args = parser.parse_args(args_list)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)
-    doc = run(args.conversations, args.turns, args.out, args_list)
+    if args.command == "run":
+        doc = run(args.conversations, args.turns, args.out, args_list)
+    else:
+        doc = json.loads((args.folder / "followups.json").read_text("utf-8"))
+        (args.folder / "followups.md").write_text(report(doc), "utf-8")
     sys.stdout.write(report(doc))
     return 0
 

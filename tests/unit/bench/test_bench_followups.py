@@ -67,13 +67,34 @@ def test_each_turn_sends_the_questions_and_the_services_answers_before_it():
         {"role": "assistant", "content": "Cotton was white, a white kitten."},
     ]
     first, second, third = records
-    assert (first["contains_gold"], first["restated_sentences"]) == (True, 0)
-    assert (second["finish_reason"], second["restated_sentences"]) == ("length", 1)
-    assert second["contains_gold"] is True
+    assert first["contains_gold"] is True
+    assert (second["finish_reason"], second["contains_gold"]) == ("length", True)
     assert third["error"] is not None and "answer" not in third
+    restates = [r["restates"] for r in followups.restatements(records)]
+    assert restates == [0, 1]
     table = followups.report({"records": records})
     assert "| first questions | 1 | 1 of 1 |" in table
     assert "| follow-ups | 1 | 0 of 1 |" in table and "Failed requests: 1." in table
+
+
+def test_saying_the_refusal_again_restates_no_answer():
+    def record(turn: int, answer: str) -> dict:
+        return {"story_id": "s", "turn": turn, "answer": answer, "error": None}
+
+    refusal = followups.REFUSAL
+    records = [record(2, refusal), record(1, refusal),
+               record(3, "Cotton lived in the big red barn. " + refusal)]  # fmt: skip
+    scored = followups.restatements(records)
+    assert [r["turn"] for r in scored] == [1, 2, 3]
+    assert [r["restates"] for r in scored] == [0, 1, 1]
+    assert [r["restates_content"] for r in scored] == [0, 0, 0]
+
+
+def test_the_refusal_is_the_one_the_prompt_asks_for():
+    from prepare.prompt import DEFAULT_SYSTEM_PROMPT, SHORT_ANSWER_SYSTEM_PROMPT
+
+    assert f"reply exactly: {followups.REFUSAL}" in SHORT_ANSWER_SYSTEM_PROMPT
+    assert "say that the sources do\n   not say, in one sentence" in DEFAULT_SYSTEM_PROMPT
 
 
 def test_conversations_are_drawn_among_long_enough_stories_with_a_seed():
