@@ -47,8 +47,8 @@ from bench.quality import without_citations
 from bench.quality_report import load_run
 from bench.stats import fmt_difference, fmt_interval, one_sample, paired_difference, sample_mean
 from bench.tables import markdown_table
+from bench.unseen import LABELS as VERDICTS
 
-VERDICTS = ("supported", "not supported", "contradicted")
 THRESHOLD = 0.5
 TOP_LOGPROBS = 20
 OUT_STEM = "faithfulness"
