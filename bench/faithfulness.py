@@ -48,6 +48,7 @@ from bench.quality_report import load_run
 from bench.stats import fmt_difference, fmt_interval, one_sample, paired_difference, sample_mean
 from bench.tables import markdown_table
 from bench.unseen import LABELS as VERDICTS
+from bench.unseen import LABELS_FILE, load_labels
 
 THRESHOLD = 0.5
 TOP_LOGPROBS = 20
@@ -146,7 +147,7 @@ def judge(folder: Path, argv: Sequence[str]) -> Path:
         "questions_answered": sum(r.get("error") is None for r in doc["results"]),
         "pairs": judged,
     }  # fmt: skip
-    has_labels = (folder / "hand-labels.json").exists()
+    has_labels = (folder / LABELS_FILE).exists()
     write_json_and_markdown(folder, OUT_STEM, out, agreement(folder, judged) if has_labels else "")
     return folder / f"{OUT_STEM}.json"
 
@@ -162,7 +163,7 @@ def agreement(folder: Path, judged: Sequence[Mapping[str, Any]] | None = None) -
     the hand's, with 95% intervals, beside a judge that says "supported" always; then the
     confusion table. A label names its pair by question id, index and, in a run of several
     settings, the setting (`point`)."""
-    labels = json.loads((folder / "hand-labels.json").read_text("utf-8"))["labels"]
+    labels = load_labels(folder)
     if judged is None:
         judged = load_judged(folder)["pairs"]
     by_key = {(p["question_id"], p["point"], p["index"]): p for p in judged}

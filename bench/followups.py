@@ -28,7 +28,8 @@ import json
 import logging
 import random
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from operator import itemgetter
 from pathlib import Path
 from typing import Any
 
@@ -93,9 +94,10 @@ def converse(
     return records
 
 
-def _share(records: Sequence[Mapping[str, Any]], key: str) -> str:
-    """`k of n`, and the share's 95% interval where there are two records or more."""
-    hits = [float(bool(r[key])) for r in records]
+def _share(records: Sequence[Mapping[str, Any]], test: Callable[[Mapping[str, Any]], Any]) -> str:
+    """`k of n` records passing `test`, and the share's 95% interval where there are two
+    records or more."""
+    hits = [float(bool(test(r))) for r in records]
     interval = one_sample(hits, sample_mean)
     text = f"{int(sum(hits))} of {len(hits)}"
     return text if interval is None else f"{text}: {interval.text(3)}"
@@ -135,11 +137,10 @@ def report(doc: Mapping[str, Any]) -> str:
               "follow-ups": [r for r in answered if r["turn"] > 1]}  # fmt: skip
     rows = []
     for name, records in groups.items():
-        ended = [{"stop": r["finish_reason"] == "stop"} for r in records]
         rows.append([
-            name, len(records), _share(ended, "stop"), _share(records, "repeated_sentences"),
-            _share(records, "restates"), _share(records, "restates_content"),
-            _share(records, "contains_gold"),
+            name, len(records), _share(records, lambda r: r["finish_reason"] == "stop"),
+            *(_share(records, itemgetter(key)) for key in
+              ("repeated_sentences", "restates", "restates_content", "contains_gold")),
             fmt_interval(one_sample(r["completion_tokens"] for r in records), 0),
         ])  # fmt: skip
     failed = len(doc["records"]) - len(answered)

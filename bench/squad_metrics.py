@@ -137,13 +137,21 @@ def repeated_sentences(answer_text: str) -> int:
     an earlier one said."""
     seen: set[str] = set()
     repeats = 0
-    for start, end in split_sentences(answer_text):
-        normalized = normalize_answer(_CITATION_GROUP.sub(" ", answer_text[start:end]))
-        if len(normalized.split()) < _REPEAT_MIN_WORDS:
-            continue
+    for normalized in _long_sentences(answer_text):
         repeats += normalized in seen
         seen.add(normalized)
     return repeats
+
+
+def _long_sentences(text: str) -> list[str]:
+    """`text`'s sentences (as attribution splits them) of at least _REPEAT_MIN_WORDS words,
+    citations left out, normalised."""
+    sentences = []
+    for start, end in split_sentences(text):
+        normalized = normalize_answer(_CITATION_GROUP.sub(" ", text[start:end]))
+        if len(normalized.split()) >= _REPEAT_MIN_WORDS:
+            sentences.append(normalized)
+    return sentences
 
 
 # A sentence restates an earlier answer's when their word sets overlap this much (Jaccard):
@@ -151,22 +159,11 @@ def repeated_sentences(answer_text: str) -> int:
 RESTATE_JACCARD = 0.8
 
 
-def _sentence_words(text: str) -> list[set[str]]:
-    """The word sets of `text`'s sentences of at least _REPEAT_MIN_WORDS words, normalised,
-    citations left out."""
-    sentences = []
-    for start, end in split_sentences(text):
-        words = normalize_answer(_CITATION_GROUP.sub(" ", text[start:end])).split()
-        if len(words) >= _REPEAT_MIN_WORDS:
-            sentences.append(set(words))
-    return sentences
-
-
 def restated_sentences(answer_text: str, earlier_answers: Iterable[str]) -> int:
     """How many of the answer's sentences say again, word for word or nearly (RESTATE_JACCARD),
     what a sentence of an earlier answer of the conversation said."""
-    earlier = [words for text in earlier_answers for words in _sentence_words(text)]
+    earlier = [set(s.split()) for text in earlier_answers for s in _long_sentences(text)]
     return sum(
         any(len(words & before) / len(words | before) >= RESTATE_JACCARD for before in earlier)
-        for words in _sentence_words(answer_text)
+        for words in (set(s.split()) for s in _long_sentences(answer_text))
     )

@@ -176,6 +176,7 @@ def report(doc: Mapping[str, Any]) -> str:
 
 LABEL_SAMPLE = 60  # attributions drawn (seed 0) for hand labels
 LABELS = ("supported", "not supported", "contradicted")
+LABELS_FILE = "hand-labels.json"
 
 
 def attribution_sample(
@@ -191,6 +192,12 @@ def attribution_sample(
              for r in doc["results"] if point is None or r["point"] == point
              for i, a in enumerate(r.get("attributions") or [])]  # fmt: skip
     return random.Random(0).sample(pairs, min(n, len(pairs)))
+
+
+def load_labels(folder: Path) -> list[dict[str, Any]]:
+    """The hand labels kept in <folder>/hand-labels.json."""
+    labels: list[dict[str, Any]] = json.loads((folder / LABELS_FILE).read_text("utf-8"))["labels"]
+    return labels
 
 
 def labels_report(labels: Sequence[Mapping[str, Any]]) -> str:
@@ -237,8 +244,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from bench.quality_report import load_run
 
     if args.command == "labels":
-        labels = json.loads((args.folder / "hand-labels.json").read_text("utf-8"))["labels"]
-        sys.stdout.write(labels_report(labels))
+        sys.stdout.write(labels_report(load_labels(args.folder)))
         return 0
     doc = load_run(args.folder)
     if args.command == "pairs":
