@@ -10,7 +10,9 @@ questions are asked in order, each with the history a client sends: the earlier 
 and the service's own answers to them.
 
     python -m bench.followups run --out docs/results/followups [--conversations 25 --turns 4]
+        [--set generator.weights=given ...]   # make run with a setting changed
     python -m bench.followups report docs/results/followups
+    python -m bench.followups compare BEFORE AFTER   # two runs, paired by conversation turn
 
 Per answer: whether it ended on its own (finish reason `stop`, not the token cap), how
 many of its sentences repeat an earlier sentence of the same answer
@@ -18,7 +20,9 @@ many of its sentences repeat an earlier sentence of the same answer
 answer of the conversation (restated_sentences: word for word or nearly; counted again
 with the prompt's refusal sentence left out, since saying "The sources do not say." twice
 restates no answer), and whether it holds one of CoQA's gold answers. `report` tallies
-first questions and follow-ups apart.
+first questions and follow-ups apart; `compare` pairs two runs' answers to the same turn of
+the same conversation (a change of prompt or defaults, before and after) and gives each
+measure's paired difference with its 95% interval, and the TTFT ratio.
 """
 
 from __future__ import annotations
@@ -40,9 +44,23 @@ from bench.client import post_query
 from bench.coqa import CoqaStory
 from bench.labs import machine, positive_int, utc_now, variant_service, write_json_and_markdown
 from bench.quality import without_citations
-from bench.squad_metrics import answer_survives, repeated_sentences, restated_sentences
-from bench.stats import fmt_interval, one_sample, sample_mean
+from bench.squad_metrics import (
+    answer_survives,
+    repeated_sentences,
+    restated_sentences,
+    sentences_about_sources,
+)
+from bench.stats import (
+    fmt_difference,
+    fmt_interval,
+    fmt_ratio,
+    one_sample,
+    paired_difference,
+    paired_ratio,
+    sample_mean,
+)
 from bench.tables import markdown_table
+from harness.variant import parse_assignment
 
 logger = logging.getLogger(__name__)
 
@@ -128,34 +146,71 @@ def restatements(records: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     return scored
 
 
+# Each answer's yes/no measures, by their column name (report and compare).
+MEASURES: dict[str, Callable[[Mapping[str, Any]], Any]] = {
+    "ended on its own": lambda r: r["finish_reason"] == "stop",
+    "repeats its own sentence": itemgetter("repeated_sentences"),
+    "restates an earlier answer": itemgetter("restates"),
+    "the same, refusals left out": itemgetter("restates_content"),
+    "a sentence only to cite": lambda r: sentences_about_sources(r["answer"]),
+    "contains gold": itemgetter("contains_gold"),
+}
+
+
 def report(doc: Mapping[str, Any]) -> str:
-    """First questions and follow-ups apart: answers, ended on their own, repeating a
-    sentence of their own, restating an earlier answer (with and without the refusal
-    sentence), holding a gold answer, and the median completion tokens, with 95% intervals."""
+    """First questions and follow-ups apart: answers, each of MEASURES' shares, and the
+    median completion tokens, with 95% intervals."""
     answered = restatements(doc["records"])
     groups = {"first questions": [r for r in answered if r["turn"] == 1],
               "follow-ups": [r for r in answered if r["turn"] > 1]}  # fmt: skip
-    rows = []
-    for name, records in groups.items():
-        rows.append([
-            name, len(records), _share(records, lambda r: r["finish_reason"] == "stop"),
-            *(_share(records, itemgetter(key)) for key in
-              ("repeated_sentences", "restates", "restates_content", "contains_gold")),
-            fmt_interval(one_sample(r["completion_tokens"] for r in records), 0),
-        ])  # fmt: skip
+    rows = [
+        [name, len(records), *(_share(records, test) for test in MEASURES.values()),
+         fmt_interval(one_sample(r["completion_tokens"] for r in records), 0)]
+        for name, records in groups.items()
+    ]  # fmt: skip
     failed = len(doc["records"]) - len(answered)
-    header = ["questions", "answers", "ended on its own", "repeats its own sentence",
-              "restates an earlier answer", "the same, refusals left out", "contains gold",
-              "tokens p50"]  # fmt: skip
+    header = ["questions", "answers", *MEASURES, "tokens p50"]
     return markdown_table(header, rows) + f"\nFailed requests: {failed}.\n"
 
 
-def run(conversations: int, turns: int, out: Path, argv: Sequence[str]) -> dict[str, Any]:
-    """Serve make run as shipped, add the stories, hold the conversations, write the run."""
+def compare(before: Mapping[str, Any], after: Mapping[str, Any]) -> str:
+    """The two runs' answers to the same turn of the same conversation, first questions and
+    follow-ups apart: each measure before and after and its paired difference (after minus
+    before), the completion tokens' mean difference and the TTFT ratio (after over before),
+    each with its 95% interval. A turn answered in one run only is left out."""
+    earlier = {(r["story_id"], r["turn"]): r for r in restatements(before["records"])}
+    pairs = [(earlier[key], r) for r in restatements(after["records"])
+             if (key := (r["story_id"], r["turn"])) in earlier]  # fmt: skip
+    rows = []
+    for name, keep in (("first questions", lambda turn: turn == 1),
+                       ("follow-ups", lambda turn: turn > 1)):  # fmt: skip
+        group = [(b, a) for b, a in pairs if keep(a["turn"])]
+        for measure, test in MEASURES.items():
+            shares = [sum(bool(test(side)) for side in sides) for sides in zip(*group, strict=True)]
+            difference = paired_difference(
+                (float(bool(test(a))), float(bool(test(b)))) for b, a in group
+            )
+            rows.append([name, measure, len(group), *shares, fmt_difference(difference)])
+        tokens = paired_difference(
+            (a["completion_tokens"], b["completion_tokens"]) for b, a in group
+        )
+        rows.append([name, "completion tokens (mean)", len(group), "", "", fmt_difference(tokens)])
+        ttft = paired_ratio((a["ttft_ms"], b["ttft_ms"]) for b, a in group)
+        rows.append([name, "TTFT (after / before)", len(group), "", "", fmt_ratio(ttft)])
+    header = ["questions", "measure", "n", "before", "after", "after − before (95% CI)"]
+    return markdown_table(header, rows)
+
+
+def run(
+    conversations: int, turns: int, out: Path, argv: Sequence[str],
+    settings: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:  # fmt: skip
+    """Serve make run as shipped (with `settings`, dotted keys, laid over it), add the
+    stories, hold the conversations, write the run."""
     started_at = utc_now()
     stories = unseen.load_stories()
     chosen = draw_conversations(stories, conversations, turns)
-    overrides = {"collections.root": str(unseen.COLLECTIONS_ROOT)}
+    overrides = {**(settings or {}), "collections.root": str(unseen.COLLECTIONS_ROOT)}
     unseen.empty_collections_root()
     records: list[dict[str, Any]] = []
     with (
@@ -168,7 +223,8 @@ def run(conversations: int, turns: int, out: Path, argv: Sequence[str]) -> dict[
             logger.info("conversation %d of %d done", k, len(chosen))
     doc = {"command": "python -m bench.followups " + " ".join(argv), "machine": machine(),
            "started_at": started_at, "ended_at": utc_now(), "conversations": len(chosen),
-           "turns": turns, "seed": 0, "records": records}  # fmt: skip
+           "turns": turns, "seed": 0, "settings": dict(settings or {}),
+           "records": records}  # fmt: skip
     write_json_and_markdown(out, "followups", doc, report(doc))
     return doc
 
@@ -181,13 +237,31 @@ def main(argv: Sequence[str] | None = None) -> int:
     hold.add_argument("--conversations", type=positive_int, default=25)
     hold.add_argument("--turns", type=positive_int, default=4)
     hold.add_argument("--out", type=Path, default=Path("docs/results/followups"))
+    hold.add_argument(
+        "--set",
+        dest="settings",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        type=parse_assignment,
+        help="a setting over make run's (repeatable)",
+    )
     tally = commands.add_parser("report", help="rewrite <folder>/followups.md from its JSON")
     tally.add_argument("folder", type=Path)
+    pair = commands.add_parser("compare", help="two runs' answers paired by conversation turn")
+    pair.add_argument("before", type=Path)
+    pair.add_argument("after", type=Path)
     args = parser.parse_args(args_list)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)
+    if args.command == "compare":
+        runs = [
+            json.loads((f / "followups.json").read_text("utf-8")) for f in (args.before, args.after)
+        ]
+        sys.stdout.write(compare(*runs))
+        return 0
     if args.command == "run":
-        doc = run(args.conversations, args.turns, args.out, args_list)
+        doc = run(args.conversations, args.turns, args.out, args_list, dict(args.settings))
     else:
         doc = json.loads((args.folder / "followups.json").read_text("utf-8"))
         (args.folder / "followups.md").write_text(report(doc), "utf-8")

@@ -154,6 +154,22 @@ def _long_sentences(text: str) -> list[str]:
     return sentences
 
 
+_SOURCE_WORD = re.compile(r"\bsources?\b", re.IGNORECASE)
+
+
+def sentences_about_sources(answer_text: str) -> int:
+    """How many of the answer's sentences cite and speak of "the source(s)" themselves
+    ("This is mentioned in the source [a#0].", "The sources [a] and [b] say so."): a sentence
+    written to cite rather than to answer. The refusal ("The sources do not say.") cites
+    nothing and is not counted."""
+    count = 0
+    for start, end in split_sentences(answer_text):
+        sentence = answer_text[start:end]
+        bare = _CITATION_GROUP.sub(" ", sentence)
+        count += bare != sentence and bool(_SOURCE_WORD.search(bare))
+    return count
+
+
 # A sentence restates an earlier answer's when their word sets overlap this much (Jaccard):
 # the same claim, a word or two changed.
 RESTATE_JACCARD = 0.8

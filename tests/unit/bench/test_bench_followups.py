@@ -102,3 +102,35 @@ def test_conversations_are_drawn_among_long_enough_stories_with_a_seed():
     drawn = followups.draw_conversations([STORY, short] * 3, 2, turns=3)
     assert drawn == followups.draw_conversations([STORY, short] * 3, 2, turns=3)
     assert len(drawn) == 2 and all(len(s.turns) >= 3 for s in drawn)
+
+
+def test_a_sentence_that_cites_to_speak_of_its_source_is_counted():
+    from bench.squad_metrics import sentences_about_sources
+
+    assert sentences_about_sources("She went to find Lysbeth. This is in the source [s-0#1].") == 1
+    assert sentences_about_sources("The sources [a-0] and [b-0] say where they were.") == 1
+    # A claim that cites, the refusal (which cites nothing), and "source" without a citation.
+    assert sentences_about_sources("Cotton was white [s-0#0]. The sources do not say.") == 0
+    assert sentences_about_sources("The Nile's source is in Burundi.") == 0
+
+
+def test_compare_pairs_the_same_turn_of_the_same_conversation():
+    def record(story: str, turn: int, answer: str, finish: str = "stop") -> dict:
+        return {"story_id": story, "turn": turn, "answer": answer, "error": None,
+                "finish_reason": finish, "repeated_sentences": 0, "contains_gold": turn == 1,
+                "completion_tokens": 10 * turn, "ttft_ms": 100.0 * turn}  # fmt: skip
+
+    said = "Cotton lived in the big red barn."
+    before = [record("a", 1, said), record("a", 2, said + " It is in the source [a-0]."),
+              record("b", 1, said), record("b", 2, said, "length")]  # fmt: skip
+    after = [record("a", 1, said), record("a", 2, "She lived with her mommy."),
+             record("b", 1, said), record("b", 2, said), record("c", 1, said)]  # fmt: skip
+    table = followups.compare({"records": before}, {"records": after})
+
+    rows = {tuple(cell.strip() for cell in line.split("|")[1:4]): line
+            for line in table.splitlines()[2:]}  # fmt: skip
+    # Story c has no turn before: left out. Follow-ups: both restated before, one after.
+    assert "| 2 | 2 | 1 |" in rows[("follow-ups", "restates an earlier answer", "2")]
+    assert "| 2 | 1 | 2 |" in rows[("follow-ups", "ended on its own", "2")]
+    assert "| 2 | 1 | 0 |" in rows[("follow-ups", "a sentence only to cite", "2")]
+    assert "+0.000" in rows[("first questions", "completion tokens (mean)", "2")]
