@@ -333,21 +333,34 @@ def test_an_upload_past_the_keys_bytes_in_flight_is_refused_while_another_stream
         with service.client() as streaming:
             answers.append(streaming.post(url, content=slow_body()))
 
-    holder = threading.Thread(target=hold)
-    holder.start()
+    def start_holding() -> threading.Thread:
+        sending.clear()
+        answers.clear()
+        thread = threading.Thread(target=hold)
+        thread.start()
+        return thread
+
+    holder = start_holding()
     try:
-        # A probe in flight when the held upload arrives takes part of the key's budget and
-        # the held one is refused (a CI run, 2026-12-06): probe only once it is on its way.
-        assert sending.wait(timeout=30)
-        # Until the chunked upload has reached the ingress and holds its share. The holder
-        # must still be sending then: if it was answered, its answer says why (a CI run once
-        # polled 30 s here without seeing the reservation and never showed the holder's).
-        deadline = time.monotonic() + 60
-        while holder.is_alive():
-            refused = client.post(url, json={"documents": [FILLER[0]]})
-            if refused.status_code != 202 or time.monotonic() > deadline:
+        for _ in range(3):
+            # Probe only once the held upload is on its way.
+            assert sending.wait(timeout=30)
+            # Until the chunked upload has reached the ingress and holds its share. The holder
+            # must still be sending then: if it was answered, its answer says why (a CI run once
+            # polled 30 s here without seeing the reservation and never showed the holder's).
+            deadline = time.monotonic() + 60
+            while holder.is_alive():
+                refused = client.post(url, json={"documents": [FILLER[0]]})
+                if refused.status_code != 202 or time.monotonic() > deadline:
+                    break
+                time.sleep(0.2)
+            if holder.is_alive() or [a.status_code for a in answers] != [429]:
                 break
-            time.sleep(0.2)
+            # A probe still in flight when the held upload arrived took part of the key's
+            # budget, and the held one was refused (CI runs, 2026-12-06 and 2026-12-07): the
+            # race is the test's own, not what it checks. Hold again.
+            holder.join(timeout=60)
+            holder = start_holding()
         assert holder.is_alive(), [(answer.status_code, answer.text) for answer in answers]
         assert_error(refused, 429, "upload_budget_exceeded")
         assert refused.headers["retry-after"]
