@@ -10,7 +10,7 @@ questions are asked in order, each with the history a client sends: the earlier 
 and the service's own answers to them.
 
     python -m bench.followups run --out docs/results/followups [--conversations 25 --turns 4]
-        [--set generator.weights=given ...]   # make run with a setting changed
+        [--set generator.default_max_tokens=256 ...]   # make run with a setting changed
     python -m bench.followups report docs/results/followups
     python -m bench.followups compare BEFORE AFTER   # two runs, paired by conversation turn
 
@@ -146,6 +146,11 @@ def restatements(records: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     return scored
 
 
+# First questions and follow-ups, tallied apart (report and compare), by their turn.
+GROUPS: dict[str, Callable[[int], bool]] = {
+    "first questions": lambda turn: turn == 1,
+    "follow-ups": lambda turn: turn > 1,
+}
 # Each answer's yes/no measures, by their column name (report and compare).
 MEASURES: dict[str, Callable[[Mapping[str, Any]], Any]] = {
     "ended on its own": lambda r: r["finish_reason"] == "stop",
@@ -161,8 +166,7 @@ def report(doc: Mapping[str, Any]) -> str:
     """First questions and follow-ups apart: answers, each of MEASURES' shares, and the
     median completion tokens, with 95% intervals."""
     answered = restatements(doc["records"])
-    groups = {"first questions": [r for r in answered if r["turn"] == 1],
-              "follow-ups": [r for r in answered if r["turn"] > 1]}  # fmt: skip
+    groups = {name: [r for r in answered if keep(r["turn"])] for name, keep in GROUPS.items()}
     rows = [
         [name, len(records), *(_share(records, test) for test in MEASURES.values()),
          fmt_interval(one_sample(r["completion_tokens"] for r in records), 0)]
@@ -182,8 +186,7 @@ def compare(before: Mapping[str, Any], after: Mapping[str, Any]) -> str:
     pairs = [(earlier[key], r) for r in restatements(after["records"])
              if (key := (r["story_id"], r["turn"])) in earlier]  # fmt: skip
     rows = []
-    for name, keep in (("first questions", lambda turn: turn == 1),
-                       ("follow-ups", lambda turn: turn > 1)):  # fmt: skip
+    for name, keep in GROUPS.items():
         group = [(b, a) for b, a in pairs if keep(a["turn"])]
         for measure, test in MEASURES.items():
             shares = [sum(bool(test(side)) for side in sides) for sides in zip(*group, strict=True)]
