@@ -12,6 +12,8 @@ from __future__ import annotations
 import asyncio
 import os
 import time
+from collections.abc import Mapping
+from typing import Any
 
 from fastapi import FastAPI
 from ray import serve
@@ -117,11 +119,21 @@ async def _running_replicas() -> ReplicaCounts:
     application = status.applications.get(app_name)
     if application is None:
         return {}
-    return {
+    return replica_counts(application.deployments)
+
+
+def replica_counts(deployments: Mapping[str, Any]) -> dict[str, int]:
+    """Running replicas per stage from Serve's deployment statuses. The ingress counts at
+    least the replica asking: the controller marks a replica RUNNING a moment after it
+    starts answering, and a /readyz that says "ingress: 0" while it answers is wrong."""
+    counts = {
         STAGE_OF_DEPLOYMENT[name]: int(deployment.replica_states.get("RUNNING", 0))
-        for name, deployment in application.deployments.items()
+        for name, deployment in deployments.items()
         if name in STAGE_OF_DEPLOYMENT
     }
+    if "ingress" in counts:
+        counts["ingress"] = max(counts["ingress"], 1)
+    return counts
 
 
 def _serve_request_id() -> str | None:
