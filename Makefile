@@ -19,7 +19,7 @@ export RAY_USAGE_STATS_ENABLED := 0
 # Serve's proxy checks the API key before it reads a body (app/proxy_guard.py).
 export RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH := deployments.proxy_callback.middlewares
 
-.PHONY: setup install models models-qwen models-qwen15 models-quantized models-int8 run-int8 bench-quantization index browser prometheus monitor dashboard kuberay-manifest advise gpu-costs gpu-smoke gpu-lock-check run test lint unit integration reliability chaos bench bench-reuse bench-prefix bench-int8-service bench-quick eval eval-quick eval-default peer bench-peer bench-unseen stop clean
+.PHONY: setup install models models-qwen models-qwen15 models-quantized models-int8 bench-quantization index browser prometheus monitor dashboard kuberay-manifest advise gpu-costs gpu-smoke gpu-lock-check run test lint unit integration reliability chaos bench bench-reuse bench-prefix bench-int8-service bench-quick eval eval-quick eval-default peer bench-peer bench-unseen stop clean
 
 setup: install models index
 
@@ -80,18 +80,18 @@ models-quantized: models-qwen models-qwen15 $(QUANTIZE_INSTALLED)
 	done
 
 # make run's reader in INT8 (W8A8, weights rounded to nearest, served in bf16): on a CPU with
-# AMX it measured 0.76x make run's TTFT and 0.61x its TPOT with no detectable change in its
-# answers (docs/quantization.md, "INT8 through the service"). Made once, about 8 minutes and
-# 11 GB of memory here; not measured on a CPU without AMX, where make run stays the choice.
-INT8_CONFIG := .cache/variants/serve_config.int8.yaml
-models-int8: models-qwen15 $(QUANTIZE_INSTALLED)
+# AMX it measured 0.76x bf16's TTFT and 0.61x its TPOT with no detectable change in its
+# answers (docs/quantization.md, "INT8 through the service"), so `make run` makes it there
+# and the generator serves it (generator.weights: fastest, generation/weights.py). Made
+# once, about 9 minutes and 11 GB of memory here; not measured on a CPU without AMX, where
+# make run serves bf16 and does not make it.
+READER_INT8 := .models/qwen2.5-coder-1.5b-instruct-w8a8-rtn/quantization.json
+AMX_INT8 := $(shell grep -qw amx_int8 /proc/cpuinfo 2>/dev/null && echo yes)
+models-int8: $(READER_INT8)
+
+$(READER_INT8): | models-qwen15 $(QUANTIZE_INSTALLED)
 	$(QUANTIZE_VENV)/bin/python -m scripts.quantize_models \
 		--model .models/qwen2.5-coder-1.5b-instruct --scheme int8 --weights rtn
-
-run-int8: setup models-int8
-	$(BIN)/python -m harness.variant --base serve_config.yaml --out $(INT8_CONFIG) \
-		--preset int8
-	$(BIN)/serve run $(INT8_CONFIG)
 
 index: $(INDEX)
 
@@ -165,7 +165,7 @@ gpu-smoke:
 gpu-lock-check: install
 	$(BIN)/python -m scripts.check_gpu_lock
 
-run: setup models-qwen15
+run: setup models-qwen15 $(if $(AMX_INT8),models-int8)
 	$(BIN)/serve run serve_config.yaml
 
 lint: install

@@ -96,17 +96,21 @@ def engine_rss_bytes() -> int:
 
 def make_run_engine_args() -> tuple[str, dict[str, Any]]:
     """The reader's folder and the engine arguments `make run` gives vLLM on this CPU (the
-    dtype `fastest` resolves to, its binding and environment), for an engine in this process."""
+    weights and dtype `fastest` resolve to, its binding and environment), for an engine in
+    this process."""
     from app.config import parse_config
     from bench.labs import cpu_info
     from generation.cpuinfo import omp_cores
     from generation.dtype import resolve_engine_kwargs
+    from generation.weights import resolve_weights
     from pipeline.config_base import PROJECT_ROOT
     from retrieval.models import resolve_model_reference
 
     generator = parse_config({}).generator
+    flags = cpu_info()[1]
     source = resolve_model_reference(generator.model_source, PROJECT_ROOT)
-    kwargs = resolve_engine_kwargs(dict(generator.engine_kwargs), source, cpu_info()[1], False)
+    source = resolve_weights(generator.weights, source, flags, False)
+    kwargs = resolve_engine_kwargs(dict(generator.engine_kwargs), source, flags, False)
     for key, value in generator.env_vars.items():
         os.environ.setdefault(key, str(value))
     if generator.cpu_binding:

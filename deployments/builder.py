@@ -123,6 +123,7 @@ def build_generator(generator: GeneratorConfig, retry_after_s: float = 1.0) -> A
         bind_kwargs={
             "stream_batching_interval_ms": generator.stream_batching_interval_ms,
             "cpu_binding": generator.cpu_binding,
+            "weights": generator.weights,
         },
         override_serve_options={"name": "Generator"},
     )
@@ -166,7 +167,7 @@ def generator_llm_config(generator: GeneratorConfig, retry_after_s: float = 1.0)
 
 # The GeneratorConfig fields that only the vLLM engine inside Ray reads.
 VLLM_ONLY_FIELDS = ("engine_kwargs", "placement_bundles", "env_vars", "accelerator_type",
-                    "cpu_binding")  # fmt: skip
+                    "cpu_binding", "weights")  # fmt: skip
 
 
 def vllm_only_settings(generator: GeneratorConfig) -> list[str]:

@@ -20,6 +20,7 @@ from generation.batching import batch_events
 from generation.cpuinfo import omp_cores
 from generation.dtype import FASTEST, NATIVE_BF16_FLAGS, cpu_flags, fastest_dtype
 from generation.vllm_engine import VllmEngine
+from generation.weights import AMX_INT8_FLAG, Weights, resolve_weights
 from pipeline.log import get_logger
 from pipeline.messages import GenerationEvent, GenerationRequest
 
@@ -33,6 +34,7 @@ class GeneratorServer(LLMServer):
         *,
         stream_batching_interval_ms: float = 50.0,
         cpu_binding: list[str] | None = None,
+        weights: Weights = "given",
     ) -> None:
         if cpu_binding:
             # Before the engine starts: its worker process inherits the binding.
@@ -40,6 +42,7 @@ class GeneratorServer(LLMServer):
             cores = omp_cores(cpu_binding[rank % len(cpu_binding)])
             os.environ["VLLM_CPU_OMP_THREADS_BIND"] = cores
             logger.info("generator replica %d binds vLLM's threads to cores %s", rank, cores)
+        _resolve_weights(llm_config, weights)
         _resolve_dtype(llm_config)
         self._interval_ms = stream_batching_interval_ms
         await super().__init__(llm_config)
@@ -57,6 +60,24 @@ class GeneratorServer(LLMServer):
         ErrorEvent): the first token at once, later ones at most every interval."""
         async for batch in batch_events(self._vllm.stream(request), self._interval_ms):
             yield batch
+
+
+def _resolve_weights(llm_config: LLMConfig, weights: Weights) -> None:
+    """`weights: fastest` becomes the checkpoint this node's CPU serves fastest
+    (generation.weights): the model keeps its id, vLLM loads the other folder."""
+    import torch
+
+    loading = llm_config.model_loading_config
+    asked = loading.model_source
+    resolved = resolve_weights(weights, asked, cpu_flags(), torch.cuda.is_available())
+    if resolved == asked:
+        return
+    loading.model_source = resolved
+    # The engine config is cached on the LLMConfig (the builder already made it, and it
+    # travelled here with it): the folder vLLM loads is its hf_model_id, which Ray's own
+    # node initialization sets the same way.
+    llm_config.get_engine_config().hf_model_id = resolved
+    logger.info("generator weights %s: %s on this CPU (%s)", weights, resolved, AMX_INT8_FLAG)
 
 
 def _resolve_dtype(llm_config: LLMConfig) -> None:

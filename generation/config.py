@@ -12,6 +12,7 @@ from pydantic import AfterValidator, BeforeValidator, Field, model_validator
 
 from generation.checkpoints import dtype_problem
 from generation.cpuinfo import ALL_CORES
+from generation.weights import Weights
 from pipeline.config_base import ServeOptions, StrictModel, deployment_field, over_defaults
 
 # One replica runs max_num_seqs (16) sequences in vLLM's continuous batch; a queued request
@@ -167,6 +168,14 @@ class GeneratorConfig(StrictModel):
     model_source: str = Field(
         ".models/qwen2.5-coder-1.5b-instruct",
         description="Local model folder or hub id for vLLM (the default: `make models-qwen15`).",
+    )
+    weights: Weights = Field(
+        "fastest",
+        description="engine vllm: 'fastest' serves model_source's INT8 checkpoint "
+        "(`<model_source>-w8a8-rtn`, `make models-int8`; `make run` makes it on such a CPU) "
+        "on a node whose CPU has AMX-INT8 and holds it, model_source elsewhere "
+        "(generation/weights.py; on AMX: 0.76x bf16's TTFT, 0.61x its TPOT, answers no "
+        "detectably different, docs/quantization.md); 'given': model_source always.",
     )
     max_model_len: int = Field(
         2048,

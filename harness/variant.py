@@ -6,8 +6,8 @@
 
 Each `--set key=value` names a key under `applications[0].args` (the tree `app.config`
 validates) with dots, e.g. `generator.engine_kwargs.dtype=bfloat16` (`--preset NAME` sets a
-named group of them first, e.g. int8: make run-int8's reader); the value is read as a
-YAML scalar (`3` is an int, `false` a bool, `[1, 2]` a list). The result is validated with
+named group of them first, e.g. int8: make run's reader in INT8 on any CPU); the value is
+read as a YAML scalar (`3` is an int, `false` a bool, `[1, 2]` a list). The result is validated with
 `app.config.parse_config` before it is written, so a misspelt key fails here, naming the key,
 and not minutes later when the service starts. `--port` sets `http_options.port`.
 """
@@ -28,8 +28,8 @@ from app.config import ConfigError, parse_config
 # Override sets that a make target and a benchmark both serve (`--preset`), kept in one place.
 _INT8_READER = "qwen2.5-coder-1.5b-instruct-w8a8-rtn"  # what make models-int8 writes
 PRESETS: dict[str, dict[str, Any]] = {
-    # make run's reader as its INT8 checkpoint, served in bf16 (make run-int8; bench.suite's
-    # default-int8).
+    # make run's reader as its INT8 checkpoint, served in bf16 on any CPU (bench.suite's
+    # default-int8; make run serves it on a CPU with AMX-INT8 on its own).
     "int8": {
         "generator.model_id": _INT8_READER,
         "generator.model_source": f".models/{_INT8_READER}",

@@ -21,6 +21,7 @@ from typing import Any
 from app.config import parse_config
 from generation.config import GeneratorConfig
 from generation.dtype import cpu_flags, resolve_engine_kwargs
+from generation.weights import resolve_weights
 from harness.service import free_port, running_server
 from pipeline.config_base import PROJECT_ROOT
 from retrieval.models import resolve_model_reference
@@ -144,7 +145,10 @@ def generator_command(application: Mapping[str, Any]) -> GeneratorCommand:
     environment (runtime_env env_vars, then generator.env_vars), on a free loopback port."""
     generator = parse_config(application.get("args") or {}).generator
     port = free_port()
-    model_path = resolve_model_reference(generator.model_source, PROJECT_ROOT)
+    model_path = resolve_weights(
+        generator.weights, resolve_model_reference(generator.model_source, PROJECT_ROOT),
+        cpu_flags(), has_gpu=False,
+    )  # fmt: skip
     argv = vllm_serve_argv(sys.executable, model_path, generator, "127.0.0.1", port)
     app_env = application.get("runtime_env", {}).get("env_vars", {})
     return GeneratorCommand(argv, vllm_environment(os.environ, app_env, generator), port)

@@ -85,7 +85,7 @@ def test_questions_on_the_command_line_replace_a_quality_plan_s_own(monkeypatch,
     )
 
     assert ran[0].questions == 16
-    assert ran[0].overrides == {"generator.cpu_binding": None}
+    assert ran[0].overrides == {"generator.weights": "given", "generator.cpu_binding": None}
     assert QUALITY_PLANS["default-vllm-binding"].questions == 32  # the plan itself is unchanged
 
 
@@ -98,3 +98,14 @@ def test_the_as_filed_plan_serves_the_prompt_it_names_not_todays():
     old = AS_FILED["prompt.system_prompt"]
     assert old != DEFAULT_SYSTEM_PROMPT
     assert "in at most a few sentences" in old
+
+
+def test_plans_paired_with_default_bf16_serve_bf16_weights_like_it():
+    # make run serves INT8 on a CPU with AMX (generator.weights: fastest): a plan measured
+    # against default-bf16 that left it would change two things at once.
+    from bench.suite import AS_FILED, QUALITY_PLANS
+
+    for name in ("default-bf16", "default-vllm-binding", "default-stream250"):
+        assert QUALITY_PLANS[name].overrides["generator.weights"] == "given", name
+    assert AS_FILED["generator.weights"] == "given"
+    assert "generator.weights" not in QUALITY_PLANS["default-now"].overrides
