@@ -11,7 +11,7 @@ from bench.peer import (
     server_argv,
     timings_report,
 )
-from bench.suite import QUALITY_PLANS
+from bench.suite import BF16_WEIGHTS, QUALITY_PLANS
 
 
 def test_the_server_listens_on_loopback_with_the_given_threads() -> None:
@@ -36,7 +36,9 @@ def test_the_peer_plans_differ_from_make_run_only_where_they_say() -> None:
     pipeline, naive = QUALITY_PLANS["peer-pipeline"], QUALITY_PLANS["peer-naive"]
     baseline = QUALITY_PLANS["default-bf16"]
     assert pipeline.peer and naive.peer and not baseline.peer
-    assert pipeline.overrides == naive.overrides == baseline.overrides == {}
+    assert pipeline.overrides == naive.overrides == {}
+    # The peer lab's vLLM side is make run's bf16 reader, where make run serves INT8 on AMX.
+    assert baseline.overrides == BF16_WEIGHTS
     assert pipeline.sweep == baseline.sweep == "default"
     assert naive.sweep == "naive"  # make run's top 5, uncompressed
     assert pipeline.questions == naive.questions == baseline.questions
