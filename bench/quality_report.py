@@ -30,10 +30,12 @@ from bench.stats import (
     difference_verdict,
     fmt_interval,
     fmt_ratio,
+    independent_ratio,
     interval_dict,
     one_sample,
     paired_difference,
     paired_ratio,
+    quantile,
     sample_mean,
 )
 from bench.tables import markdown_table
@@ -217,6 +219,21 @@ def prefix_report(runs: Mapping[str, Mapping[str, float]]) -> tuple[str, dict[st
 
 
 ABBA_SCORES = ("F1", "contains gold")
+TAIL_PERCENTILE = 99
+
+
+def abba_tails(
+    runs: Mapping[str, Mapping[str, float]], a: str, b: str
+) -> dict[str, Interval | None]:
+    """Each side's p99 over its two runs pooled (the tail a user meets, which per-question
+    ratios of medians do not show), and p99(b) / p99(a) with a 95% interval resampling each
+    side on its own."""
+    pooled = {side: [v for i in (1, 2) for v in runs[f"{side}-{i}"].values()] for side in (a, b)}
+    p99 = quantile(TAIL_PERCENTILE)
+    tails: dict[str, Interval | None] = {side: one_sample(values, p99)
+                                         for side, values in pooled.items()}  # fmt: skip
+    tails[f"{b} / {a}"] = independent_ratio(pooled[b], pooled[a], p99)
+    return tails
 
 
 def abba_report(
@@ -234,6 +251,7 @@ def abba_report(
             "n": len(shared),
             "runs": {name: one_sample(t.values()) for name, t in runs.items()},
             "ratios": ratios,
+            "p99": abba_tails(runs, a, b),
         }
     answered = {name: next(iter(answered_by_point(doc["results"]).values()), {})
                 for name, doc in docs.items()}  # fmt: skip
@@ -259,6 +277,9 @@ def abba_report(
     ]
     ratio_rows = [[name, speed["TTFT"]["n"], *(fmt_ratio(speed[m]["ratios"][name]) for m in speed)]
                   for name in speed["TTFT"]["ratios"]]  # fmt: skip
+    tail_rows = [[name, *(fmt_ratio(tail) if "/" in name else fmt_interval(tail, 0)
+                          for tail in (speed[m]["p99"][name] for m in speed))]
+                 for name in speed["TTFT"]["p99"]]  # fmt: skip
     answer_rows = [
         [score_name, len(shared), fmt_interval(row[a]), fmt_interval(row[b]),
          f"{fmt_interval(row['difference'])}: {difference_verdict(row['difference'])}"]
@@ -270,6 +291,9 @@ def abba_report(
             markdown_table(["run", "TTFT p50 ms", "TPOT p50 ms", "answer p50 ms"], speed_rows),
             "Paired by question, median per-question ratio:",
             markdown_table(["ratio", "n", "TTFT", "TPOT", "answer"], ratio_rows),
+            f"Tails, p{TAIL_PERCENTILE} of each side's two runs pooled, ms, and their ratio "
+            "[95% CI, each side resampled on its own]:",
+            markdown_table(["side", "TTFT", "TPOT", "answer"], tail_rows),
             f"Answers, each side the mean of its two runs; paired by question ({same} of "
             f"{2 * len(shared)} answers word for word the same in a side's two runs):",
             markdown_table(["score", "n", a, b, f"{b} − {a}"], answer_rows),
@@ -283,6 +307,7 @@ def abba_report(
                 "n": s["n"],
                 "runs": {name: interval_dict(i) for name, i in s["runs"].items()},
                 "ratios": {name: interval_dict(i) for name, i in s["ratios"].items()},
+                f"p{TAIL_PERCENTILE}": {name: interval_dict(i) for name, i in s["p99"].items()},
             }
             for metric, s in speed.items()
         },

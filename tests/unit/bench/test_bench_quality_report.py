@@ -65,7 +65,7 @@ def test_the_prefix_report_pairs_questions_and_averages_two_runs_a_side(tmp_path
 
 
 def test_the_abba_report_pairs_four_services_and_scores_each_side_over_its_two_runs(
-    tmp_path: Path,
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ):
     # b is twice as fast at both phases (and to the whole answer) and loses the gold on q0
     # in one of its two runs.
@@ -96,6 +96,11 @@ def test_the_abba_report_pairs_four_services_and_scores_each_side_over_its_two_r
     assert gold["int8"]["estimate"] == pytest.approx(1 - 0.5 / 8)
     assert gold["difference"]["estimate"] == pytest.approx(-0.5 / 8)
     assert data["answers"]["same_in_both_runs"] == 15
+    # The tails: each side's two runs pooled, b's p99 half of a's.
+    tails = data["TTFT"]["p99"]
+    assert tails["bf16"]["estimate"] == pytest.approx(1007, abs=0.5)
+    assert tails["int8 / bf16"]["estimate"] == pytest.approx(0.5)
+    assert "p99 of each side's two runs pooled" in capsys.readouterr().out
 
 
 def test_the_abba_report_refuses_a_folder_without_exactly_one_run(tmp_path: Path):
