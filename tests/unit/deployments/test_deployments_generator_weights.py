@@ -42,9 +42,15 @@ def test_fastest_on_an_amx_cpu_points_vllm_at_the_int8_folder(reader_with_int8, 
     assert config.get_engine_config().get_initialization_kwargs()["model"] == int8
 
 
-def test_given_or_a_cpu_without_amx_leaves_the_reader(reader_with_int8, monkeypatch):
-    monkeypatch.setattr(generator_module, "cpu_flags", lambda: {"avx512f"})
-    for weights, expected in (("fastest", reader_with_int8), ("given", reader_with_int8)):
-        config = cached_llm_config(reader_with_int8)
-        generator_module._resolve_weights(config, weights)  # type: ignore[arg-type]
-        assert config.get_engine_config().actual_hf_model_id == str(expected)
+@pytest.mark.parametrize(
+    ("weights", "flags"), [("fastest", {"avx512f"}), ("given", {"amx_int8", "avx512f"})]
+)
+def test_given_or_a_cpu_without_amx_leaves_the_reader(
+    reader_with_int8, monkeypatch, weights, flags
+):
+    monkeypatch.setattr(generator_module, "cpu_flags", lambda: flags)
+    config = cached_llm_config(reader_with_int8)
+
+    generator_module._resolve_weights(config, weights)
+
+    assert config.get_engine_config().actual_hf_model_id == str(reader_with_int8)
